@@ -1,0 +1,3 @@
+from handformer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Typed configuration: what a model is and how it is trained, as plain data.
+
+Configs hold *names* (``positional="learned"``), never classes, so that ``config.json`` in a
+run folder is enough to rebuild the model without the code objects that trained it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from handformer.nn.attention import ATTENTION_KINDS
+from handformer.nn.block import NORM_KINDS
+from handformer.nn.feedforward import ACTIVATIONS
+from handformer.nn.positional import POSITIONAL_KINDS
+
+__all__ = ["PRESETS", "ModelConfig", "TrainConfig", "get_preset"]
+
+C = TypeVar("C", bound="_DictMixin")
+
+
+class _DictMixin:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[C], data: dict[str, Any]) -> C:
+        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(
+                f"{cls.__name__} got unknown fields {unknown}; known fields: {sorted(names)}"
+            )
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def load(cls: type[C], path: str | Path) -> C:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
+@dataclass
+class ModelConfig(_DictMixin):
+    """The architecture. ``d_ff`` defaults to 4 × d_model when left at 0."""
+
+    vocab_size: int
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 4
+    d_ff: int = 0
+    max_len: int = 64
+    dropout: float = 0.0
+    positional: str = "learned"
+    norm: str = "pre"
+    attention: str = "sdpa"
+    activation: str = "gelu"
+    tie_weights: bool = True
+    bias: bool = True
+
+    def __post_init__(self) -> None:
+        if self.d_ff == 0:
+            self.d_ff = 4 * self.d_model
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+        _check_choice("positional", self.positional, POSITIONAL_KINDS)
+        _check_choice("norm", self.norm, NORM_KINDS)
+        _check_choice("attention", self.attention, ATTENTION_KINDS)
+        _check_choice("activation", self.activation, ACTIVATIONS)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+@dataclass
+class TrainConfig(_DictMixin):
+    """The optimisation recipe. ``block_size`` is the training window (≤ the model's max_len)."""
+
+    batch_size: int = 12
+    block_size: int = 64
+    max_steps: int = 2000
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    schedule: str = "cosine"
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    eval_batches: int = 20
+    log_interval: int = 50
+    val_fraction: float = 0.1
+    seed: int = 1337
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
+        for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
+                     "log_interval"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1); got {self.val_fraction}")
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0; got lr={self.lr}, "
+                             f"min_lr={self.min_lr}")
+        _check_choice("schedule", self.schedule, ("cosine", "linear", "constant"))
+
+
+@dataclass
+class Preset:
+    """A named recipe: model shape (vocabulary filled in from the data) + training."""
+
+    description: str
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+
+
+PRESETS: dict[str, Preset] = {
+    "default": Preset(
+        description="character LM on the built-in text; 4 layers, d_model 128, window 64; "
+        "about 3 minutes on 2 CPU cores",
+        model=dict(d_model=128, n_heads=4, n_layers=4, max_len=64, dropout=0.0,
+                   positional="learned", norm="pre", attention="sdpa", activation="gelu"),
+        train=dict(batch_size=12, block_size=64, max_steps=2000, lr=1e-3, min_lr=1e-4,
+                   warmup_steps=100, eval_interval=250, eval_batches=20),
+    ),
+    "shakespeare-char": Preset(
+        description="the well-known small CPU recipe for tinyshakespeare (published val 1.88)",
+        model=dict(d_model=128, n_heads=4, n_layers=4, max_len=64, dropout=0.0,
+                   positional="learned", norm="pre", attention="sdpa", activation="gelu",
+                   tie_weights=True, bias=False),
+        train=dict(batch_size=12, block_size=64, max_steps=2000, lr=1e-3, min_lr=1e-4,
+                   warmup_steps=100, eval_interval=250, eval_batches=200),
+    ),
+    "tiny": Preset(
+        description="a seconds-long smoke run: 2 layers, d_model 32, window 32",
+        model=dict(d_model=32, n_heads=4, n_layers=2, max_len=32, dropout=0.0),
+        train=dict(batch_size=8, block_size=32, max_steps=60, lr=3e-3, min_lr=3e-4,
+                   warmup_steps=10, eval_interval=30, eval_batches=4, log_interval=10),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; available: {sorted(PRESETS)}") from None

@@ -1,0 +1,116 @@
+"""From token ids to batches the model can eat.
+
+* ``Batch``: ``ids`` (B, T), ``targets`` (B, T) and ``padding_mask`` (B, T) bool.
+* ``LMWindows``: contiguous windows over one long token stream; ``targets`` are ``ids``
+  shifted by one. Random windows for training, evenly spaced fixed ones for validation.
+* ``collate_sequences``: variable-length sequences padded to the longest, with a padding mask
+  and ``IGNORE_INDEX`` targets on padding so the loss skips it.
+
+Shape legend: ``B`` batch, ``T`` window length, ``N`` tokens in the stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from handformer.corpora import CorpusError
+from handformer.loss import IGNORE_INDEX
+
+__all__ = ["Batch", "LMWindows", "collate_sequences", "train_val_split"]
+
+
+@dataclass
+class Batch:
+    ids: Tensor  # (B, T) long
+    targets: Tensor  # (B, T) long, IGNORE_INDEX where nothing is to be predicted
+    padding_mask: Tensor | None = None  # (B, T) bool, True on real tokens; None = no padding
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(
+            self.ids.to(device, non_blocking=True),
+            self.targets.to(device, non_blocking=True),
+            None if self.padding_mask is None else self.padding_mask.to(device),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens that carry a target (what the loss averages over)."""
+        return int((self.targets != IGNORE_INDEX).sum())
+
+
+def train_val_split(ids: np.ndarray | Tensor, val_fraction: float) -> tuple[Tensor, Tensor]:
+    """Split a token stream: the *last* ``val_fraction`` is held out for validation."""
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    n_val = int(len(ids) * val_fraction)
+    return ids[: len(ids) - n_val], ids[len(ids) - n_val :]
+
+
+class LMWindows:
+    """Windows of ``block_size + 1`` tokens over one stream: inputs and shifted targets."""
+
+    def __init__(self, tokens: Tensor, block_size: int, *, name: str = "text") -> None:
+        if tokens.dim() != 1:
+            raise ValueError(f"LMWindows expects a 1-D token stream; got {tuple(tokens.shape)}")
+        if len(tokens) < block_size + 1:
+            raise CorpusError(
+                f"{name} has {len(tokens)} tokens, too short for one training window of "
+                f"{block_size} + 1 tokens; use more text or a smaller block_size"
+            )
+        self.tokens = tokens.long()
+        self.block_size = block_size
+        self._offsets = torch.arange(block_size + 1)  # (T+1,)
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.tokens) - self.block_size
+
+    def _gather(self, starts: Tensor) -> Batch:
+        chunk = self.tokens[starts[:, None] + self._offsets]  # (B, T+1)
+        return Batch(ids=chunk[:, :-1], targets=chunk[:, 1:])
+
+    def random_batch(self, batch_size: int, generator: torch.Generator | None = None) -> Batch:
+        """``batch_size`` windows at uniformly random starts."""
+        starts = torch.randint(0, self.num_windows, (batch_size,), generator=generator)
+        return self._gather(starts)
+
+    def fixed_batches(self, num_batches: int, batch_size: int) -> list[Batch]:
+        """Evenly spaced windows covering the stream: the same every call, for validation."""
+        n = min(num_batches * batch_size, self.num_windows)
+        starts = torch.linspace(0, self.num_windows - 1, n).long()  # (n,)
+        return [self._gather(s) for s in starts.split(batch_size)]
+
+
+def collate_sequences(
+    sequences: Sequence[Sequence[int]], *, pad_id: int = 0, side: str = "right"
+) -> Batch:
+    """Pad variable-length token sequences to the longest into an LM ``Batch``.
+
+    ``ids`` are each sequence minus its last token, ``targets`` minus its first; padded
+    positions get ``pad_id`` in ids, ``IGNORE_INDEX`` in targets and ``False`` in the mask.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right'; got {side!r}")
+    if not sequences:
+        raise ValueError("collate_sequences got no sequences")
+    short = [i for i, s in enumerate(sequences) if len(s) < 2]
+    if short:
+        raise ValueError(f"sequences {short[:5]} have fewer than 2 tokens; an LM example needs "
+                         "an input and a next token")
+    t = max(len(s) for s in sequences) - 1
+    b = len(sequences)
+    ids = torch.full((b, t), pad_id, dtype=torch.long)
+    targets = torch.full((b, t), IGNORE_INDEX, dtype=torch.long)
+    mask = torch.zeros((b, t), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        seq_t = torch.as_tensor(list(seq), dtype=torch.long)
+        n = len(seq_t) - 1
+        cols = slice(0, n) if side == "right" else slice(t - n, t)
+        ids[row, cols] = seq_t[:-1]
+        targets[row, cols] = seq_t[1:]
+        mask[row, cols] = True
+    return Batch(ids=ids, targets=targets, padding_mask=mask)

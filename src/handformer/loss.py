@@ -1,0 +1,32 @@
+"""Losses. ``IGNORE_INDEX`` marks targets that must not count (padding); it is defined here
+and nowhere else.
+
+Shape legend: ``B`` batch, ``T`` sequence, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["IGNORE_INDEX", "lm_loss"]
+
+IGNORE_INDEX = -100
+
+
+def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean next-token cross-entropy over positions whose target is not ``IGNORE_INDEX``.
+
+    logits (B, T, V), targets (B, T) — already shifted: ``targets[:, t]`` is the token that
+    follows ``ids[:, t]``.
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(
+            f"lm_loss expects logits (B, T, V) and targets (B, T); got logits "
+            f"{tuple(logits.shape)} and targets {tuple(targets.shape)}"
+        )
+    return F.cross_entropy(
+        logits.flatten(0, 1).float(),  # (B·T, V)
+        targets.flatten(),  # (B·T,)
+        ignore_index=IGNORE_INDEX,
+    )

@@ -1,0 +1,92 @@
+"""One Transformer block: attention and feed-forward, each wrapped in a residual + LayerNorm.
+
+``norm="post"`` is the original paper's order, ``x = LN(x + sublayer(x))``; ``norm="pre"``
+normalises the sublayer's *input*, ``x = x + sublayer(LN(x))``, leaving an untouched
+residual path from input to output — which is why deep pre-norm stacks train stably
+without a long warm-up.
+
+Shape legend: ``B`` batch, ``T`` query length, ``S`` key/context length, ``C`` model dim.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from handformer.nn.attention import AttentionKind, MultiHeadAttention
+from handformer.nn.feedforward import FeedForward
+
+__all__ = ["NORM_KINDS", "TransformerBlock"]
+
+NORM_KINDS: tuple[str, ...] = ("pre", "post")
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention (+ optional cross-attention) + FFN, pre- or post-norm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        *,
+        dropout: float = 0.0,
+        norm: str = "pre",
+        activation: str = "gelu",
+        attention: AttentionKind = "manual",
+        bias: bool = True,
+        cross_attention: bool = False,
+        layer_norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if norm not in NORM_KINDS:
+            raise ValueError(f"unknown norm placement {norm!r}; expected one of {NORM_KINDS}")
+        self.norm = norm
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, dropout=dropout, bias=bias, attention=attention
+        )
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout1 = nn.Dropout(dropout)
+        self.cross_attn: MultiHeadAttention | None = None
+        if cross_attention:
+            self.cross_attn = MultiHeadAttention(
+                d_model, n_heads, dropout=dropout, bias=bias, attention=attention
+            )
+            self.norm_cross = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+            self.dropout_cross = nn.Dropout(dropout)
+        self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout2 = nn.Dropout(dropout)
+
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer, dropout: nn.Module) -> Tensor:
+        if self.norm == "pre":
+            return x + dropout(sublayer(norm(x)))
+        return norm(x + dropout(sublayer(x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+    ) -> Tensor:
+        """x (B, T, C) → (B, T, C). ``mask`` is the self-attention mask (True = may attend);
+        ``context`` (B, S, C) and ``context_mask`` feed the cross-attention, if present."""
+        x = self._residual(
+            x,
+            self.norm1,
+            lambda h: self.self_attn(h, mask=mask, is_causal=is_causal)[0],
+            self.dropout1,
+        )
+        if self.cross_attn is not None:
+            if context is None:
+                raise ValueError("this block has cross-attention: pass context (B, S, C)")
+            cross = self.cross_attn
+            x = self._residual(
+                x,
+                self.norm_cross,
+                lambda h: cross(h, context, mask=context_mask)[0],
+                self.dropout_cross,
+            )
+        return self._residual(x, self.norm2, self.ffn, self.dropout2)

@@ -1,0 +1,163 @@
+"""Tokenizers: text ↔ integer ids.
+
+``CharTokenizer`` gives every distinct character its own id, after four special tokens
+(``<pad>`` = 0, ``<unk>``, ``<bos>``, ``<eos>``). Encoding is vectorised: the text becomes an
+array of Unicode code points (one C-level call) and a lookup table maps them to ids, instead
+of a Python dict lookup per character.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["SPECIAL_TOKENS", "CharTokenizer", "load_tokenizer"]
+
+PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, UNK, BOS, EOS)
+
+
+def _code_points(text: str) -> np.ndarray:
+    """str → (N,) uint32 code points, without a Python-level loop."""
+    return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a file via a temporary sibling + rename: a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class CharTokenizer:
+    """Character-level tokenizer with special tokens.
+
+    ``unknown="replace"`` maps characters outside the vocabulary to ``<unk>``;
+    ``unknown="error"`` raises ``ValueError`` naming them.
+    """
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str]) -> None:
+        chars = list(chars)
+        if len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer vocabulary has repeated characters")
+        bad = [c for c in chars if len(c) != 1]
+        if bad:
+            raise ValueError(f"CharTokenizer vocabulary entries must be single characters; "
+                             f"got {bad[:5]}")
+        self.chars: list[str] = chars
+        self.itos: list[str] = [*SPECIAL_TOKENS, *chars]
+        self.stoi: dict[str, int] = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(chars)}
+        cps = _code_points("".join(chars)).astype(np.int64)  # (N_chars,)
+        table_size = int(cps.max()) + 1 if len(cps) else 1
+        self._table = np.full(table_size, self.unk_id, dtype=np.int64)  # code point → id
+        self._table[cps] = np.arange(len(SPECIAL_TOKENS), len(self.itos), dtype=np.int64)
+        self._decode_table = np.array(self.itos, dtype=object)
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        """Vocabulary = the sorted set of characters in ``text``."""
+        if not text:
+            raise ValueError("cannot build a character vocabulary from empty text")
+        cps = np.unique(_code_points(text))
+        return cls(chr(int(c)) for c in cps)
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    pad_id = 0
+    unk_id = 1
+    bos_id = 2
+    eos_id = 3
+
+    # -- encode / decode ----------------------------------------------------------------
+    def encode_array(self, text: str, *, unknown: str = "replace") -> np.ndarray:
+        """text → (N,) int64 ids, vectorised."""
+        cps = _code_points(text).astype(np.int64)  # (N,)
+        in_range = cps < len(self._table)
+        ids = np.full(cps.shape, self.unk_id, dtype=np.int64)
+        ids[in_range] = self._table[cps[in_range]]
+        if unknown == "error":
+            missing = np.flatnonzero(ids == self.unk_id)
+            if missing.size:
+                chars = sorted({text[i] for i in missing[:1000].tolist()})
+                raise ValueError(
+                    f"{missing.size} character(s) are not in the vocabulary, e.g. {chars[:10]} "
+                    f"(first at index {int(missing[0])})"
+                )
+        elif unknown != "replace":
+            raise ValueError(f"unknown= must be 'replace' or 'error'; got {unknown!r}")
+        return ids
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
+               unknown: str = "replace") -> list[int]:
+        ids = self.encode_array(text, unknown=unknown).tolist()
+        return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
+
+    def decode(self, ids: Sequence[int] | np.ndarray | Any, *, skip_special: bool = True) -> str:
+        """ids → text. Special tokens are dropped (``skip_special``) or written as ``<name>``;
+        ``<unk>`` becomes U+FFFD so the loss of information stays visible."""
+        arr = np.asarray(ids.tolist() if hasattr(ids, "tolist") else ids, dtype=np.int64)
+        if arr.ndim != 1:
+            raise ValueError(f"decode expects a 1-D sequence of ids; got shape {arr.shape}")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            raise ValueError(f"ids must lie in [0, {self.vocab_size}); got min {arr.min()}, "
+                             f"max {arr.max()}")
+        n_special = len(SPECIAL_TOKENS)
+        if skip_special:
+            arr = arr[(arr >= n_special) | (arr == self.unk_id)]
+        pieces = self._decode_table[arr]
+        if skip_special:
+            pieces[arr == self.unk_id] = "\ufffd"
+        return "".join(pieces.tolist())
+
+    # -- persistence --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.kind, "version": 1, "special_tokens": list(SPECIAL_TOKENS),
+                "chars": self.chars}
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(Path(path), json.dumps(self.to_dict(), ensure_ascii=False))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CharTokenizer:
+        if data.get("type") != cls.kind:
+            raise ValueError(f"not a character tokenizer: type={data.get('type')!r}")
+        if list(data.get("special_tokens", [])) != list(SPECIAL_TOKENS):
+            raise ValueError(f"special tokens {data.get('special_tokens')} differ from "
+                             f"{list(SPECIAL_TOKENS)}")
+        return cls(data["chars"])
+
+    @classmethod
+    def load(cls, path: str | Path) -> CharTokenizer:
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(path: str | Path) -> CharTokenizer:
+    """Load whichever tokenizer a ``tokenizer.json`` describes."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    kind = data.get("type")
+    if kind == "char":
+        return CharTokenizer.from_dict(data)
+    raise ValueError(f"{path}: unknown tokenizer type {kind!r}; expected 'char'")

@@ -1,0 +1,1 @@
+"""Training: optimiser and schedule, the model-agnostic loop, run folders."""
