@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"train": _cmd_train, "generate": _cmd_generate}
     try:
         return handlers[args.command](args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, OSError) as err:
         print(f"handformer {args.command}: error: {err}", file=sys.stderr)
         return 2
 

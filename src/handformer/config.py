@@ -72,7 +72,7 @@ class ModelConfig(_DictMixin):
             self.d_ff = 4 * self.d_model
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
         if self.d_model % self.n_heads != 0:
             raise ValueError(
@@ -116,7 +116,7 @@ class TrainConfig(_DictMixin):
         for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
                      "log_interval"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")

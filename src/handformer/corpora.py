@@ -23,8 +23,10 @@ def builtin_text() -> str:
 
 
 def _line_col(data: bytes, offset: int) -> tuple[int, int]:
+    """1-based line and character column (as an editor shows them) of a byte offset."""
+    line_start = data.rfind(b"\n", 0, offset) + 1
     line = data.count(b"\n", 0, offset) + 1
-    col = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+    col = len(data[line_start:offset].decode("utf-8", errors="replace")) + 1
     return line, col
 
 

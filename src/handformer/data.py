@@ -81,7 +81,8 @@ class LMWindows:
     def fixed_batches(self, num_batches: int, batch_size: int) -> list[Batch]:
         """Evenly spaced windows covering the stream: the same every call, for validation."""
         n = min(num_batches * batch_size, self.num_windows)
-        starts = torch.linspace(0, self.num_windows - 1, n).long()  # (n,)
+        # Exact integer spacing (a float32 linspace overshoots past 2**24 windows).
+        starts = torch.arange(n) * (self.num_windows - 1) // max(n - 1, 1)  # (n,)
         return [self._gather(s) for s in starts.split(batch_size)]
 
 

@@ -101,6 +101,9 @@ def combine_masks(
 
 def to_torch_key_padding_mask(key_padding: Tensor) -> Tensor:
     """handformer (B, S) ``True`` = real token → torch ``key_padding_mask`` ``True`` = ignore."""
+    if key_padding.dtype != torch.bool:
+        raise ValueError(f"padding mask must be boolean (True = real token); got "
+                         f"{key_padding.dtype}")
     return ~key_padding
 
 

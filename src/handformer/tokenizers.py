@@ -64,7 +64,9 @@ class CharTokenizer:
         self.itos: list[str] = [*SPECIAL_TOKENS, *chars]
         self.stoi: dict[str, int] = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(chars)}
         cps = _code_points("".join(chars)).astype(np.int64)  # (N_chars,)
-        table_size = int(cps.max()) + 1 if len(cps) else 1
+        # One slot past the largest known code point holds <unk>: encode clamps every
+        # larger code point onto it, so a lookup is a single `take`.
+        table_size = (int(cps.max()) if len(cps) else 0) + 2
         self._table = np.full(table_size, self.unk_id, dtype=np.int64)  # code point → id
         self._table[cps] = np.arange(len(SPECIAL_TOKENS), len(self.itos), dtype=np.int64)
         self._decode_table = np.array(self.itos, dtype=object)
@@ -91,10 +93,8 @@ class CharTokenizer:
     # -- encode / decode ----------------------------------------------------------------
     def encode_array(self, text: str, *, unknown: str = "replace") -> np.ndarray:
         """text → (N,) int64 ids, vectorised."""
-        cps = _code_points(text).astype(np.int64)  # (N,)
-        in_range = cps < len(self._table)
-        ids = np.full(cps.shape, self.unk_id, dtype=np.int64)
-        ids[in_range] = self._table[cps[in_range]]
+        cps = _code_points(text)  # (N,) uint32
+        ids = self._table.take(np.minimum(cps, len(self._table) - 1))  # (N,) int64
         if unknown == "error":
             missing = np.flatnonzero(ids == self.unk_id)
             if missing.size:
@@ -135,7 +135,7 @@ class CharTokenizer:
                 "chars": self.chars}
 
     def save(self, path: str | Path) -> None:
-        atomic_write_text(Path(path), json.dumps(self.to_dict(), ensure_ascii=False))
+        atomic_write_text(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CharTokenizer:

@@ -123,8 +123,10 @@ def _fused_attention(
     if mask is None:
         # Square causal attention takes the fastest (flash) kernel via is_causal.
         if is_causal and t != s:
-            mask = causal_mask(t, s, device=q.device)
-            is_causal = False
+            # torch's is_causal aligns to the top-left corner; ours is end-aligned.
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=causal_mask(t, s, device=q.device), dropout_p=dropout_p
+            )
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
     _check_mask(mask, (q.shape[0], q.shape[1], t, s))
     if is_causal:

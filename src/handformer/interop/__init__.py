@@ -1,0 +1,1 @@
+"""Bridges to other people's implementations (torch ``nn.*`` today)."""

@@ -1,0 +1,118 @@
+"""DecoderLM end to end: both attention paths equal, causality, padding, loss, learning."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from handformer.data import collate_sequences
+from handformer.loss import IGNORE_INDEX, lm_loss
+from handformer.models.decoder_lm import DecoderLM
+from tests.conftest import tiny_config
+
+POSITIONALS = ["sinusoidal", "learned"]
+PATHS = ["manual", "sdpa"]
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_manual_and_sdpa_paths_agree_on_whole_model(positional: str, norm: str) -> None:
+    manual = DecoderLM(tiny_config(positional=positional, norm=norm, attention="manual")).eval()
+    fused = DecoderLM(tiny_config(positional=positional, norm=norm, attention="sdpa")).eval()
+    fused.load_state_dict(manual.state_dict())
+    ids = torch.randint(0, 37, (3, 16))
+    torch.testing.assert_close(fused(ids), manual(ids))
+    pad = torch.ones(3, 16, dtype=torch.bool)
+    pad[1, 10:] = False
+    torch.testing.assert_close(fused(ids, pad), manual(ids, pad))
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", [0, 5, 14])
+def test_causality_future_tokens_do_not_move_past_logits(positional: str, path: str,
+                                                         t: int) -> None:
+    model = DecoderLM(tiny_config(positional=positional, attention=path)).eval()
+    ids = torch.randint(0, 37, (2, 16))
+    changed = ids.clone()
+    changed[:, t + 1 :] = torch.randint(0, 37, (2, 16 - t - 1))
+    before, after = model(ids), model(changed)
+    torch.testing.assert_close(before[:, : t + 1], after[:, : t + 1])
+    if t < 15:
+        assert not torch.allclose(before[:, t + 1 :], after[:, t + 1 :])
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("path", PATHS)
+def test_padding_does_not_change_real_positions(positional: str, path: str) -> None:
+    model = DecoderLM(tiny_config(positional=positional, attention=path)).eval()
+    seq = torch.randint(4, 37, (1, 9))
+    alone = model(seq)  # (1, 9, V)
+    for side in ("right", "left"):
+        batch = collate_sequences([[*seq[0].tolist(), 5], list(range(4, 17))], side=side)
+        logits = model(batch.ids, batch.padding_mask)
+        real = batch.padding_mask[0]
+        torch.testing.assert_close(logits[0, real], alone[0], msg=f"{side} padding")
+
+
+def test_loss_at_initialisation_is_close_to_ln_vocab() -> None:
+    for vocab in (37, 101):
+        model = DecoderLM(tiny_config(vocab_size=vocab))
+        ids = torch.randint(0, vocab, (8, 16))
+        targets = torch.randint(0, vocab, (8, 16))
+        with torch.no_grad():
+            loss = float(lm_loss(model(ids), targets))
+        assert abs(loss - math.log(vocab)) < 0.1, (loss, math.log(vocab))
+
+
+def test_loss_ignores_padding_targets() -> None:
+    logits = torch.randn(2, 4, 11)
+    targets = torch.randint(0, 11, (2, 4))
+    padded = targets.clone()
+    padded[1, 2:] = IGNORE_INDEX
+    keep = padded != IGNORE_INDEX
+    expected = torch.nn.functional.cross_entropy(logits[keep], targets[keep])
+    torch.testing.assert_close(lm_loss(logits, padded), expected)
+    with pytest.raises(ValueError, match=r"logits \(B, T, V\) and targets \(B, T\)"):
+        lm_loss(logits, targets[:, :3])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_tiny_model_overfits_one_batch(path: str) -> None:
+    model = DecoderLM(tiny_config(attention=path))
+    ids = torch.randint(4, 37, (4, 17))
+    inputs, targets = ids[:, :-1], ids[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(150):
+        loss = lm_loss(model(inputs), targets)
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    final = float(loss.detach())
+    assert first > 3.0 and final < 0.1, (first, final)
+
+
+def test_tied_weights_share_storage_and_untied_do_not() -> None:
+    tied = DecoderLM(tiny_config(tie_weights=True))
+    assert tied.lm_head.weight is tied.token_embedding.weight
+    untied = DecoderLM(tiny_config(tie_weights=False))
+    assert untied.lm_head.weight is not untied.token_embedding.weight
+    assert untied.num_parameters() == tied.num_parameters() + 37 * 32
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    model = DecoderLM(tiny_config(positional="learned"))
+    with pytest.raises(ValueError, match=r"max_len=16.*position 19.*sinusoidal"):
+        model(torch.zeros(1, 20, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"ids of shape \(B, T\)"):
+        model(torch.zeros(20, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
+        model(torch.full((1, 4), 37))
+    with pytest.raises(ValueError, match="padding_mask shape"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool))
+    sinusoidal = DecoderLM(tiny_config(positional="sinusoidal")).eval()
+    assert sinusoidal(torch.zeros(1, 20, dtype=torch.long)).shape == (1, 20, 37)
