@@ -12,7 +12,7 @@ from handformer.loss import IGNORE_INDEX, lm_loss
 from handformer.models.decoder_lm import DecoderLM
 from tests.conftest import tiny_config
 
-POSITIONALS = ["sinusoidal", "learned"]
+POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
 PATHS = ["manual", "sdpa"]
 
 

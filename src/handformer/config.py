@@ -51,7 +51,8 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class ModelConfig(_DictMixin):
-    """The architecture. ``d_ff`` defaults to 4 × d_model when left at 0."""
+    """The architecture. ``d_ff`` defaults to 4 × d_model and ``n_kv_heads`` to ``n_heads``
+    (plain multi-head attention) when left at 0."""
 
     vocab_size: int
     d_model: int = 128
@@ -66,11 +67,16 @@ class ModelConfig(_DictMixin):
     activation: str = "gelu"
     tie_weights: bool = True
     bias: bool = True
+    n_kv_heads: int = 0
+    rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
         if self.d_ff == 0:
             self.d_ff = 4 * self.d_model
-        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+        if self.n_kv_heads == 0:
+            self.n_kv_heads = self.n_heads
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len",
+                     "n_kv_heads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
@@ -78,6 +84,10 @@ class ModelConfig(_DictMixin):
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
             )
+        if self.n_heads % self.n_kv_heads != 0:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
+        if self.rope_base <= 1.0:
+            raise ValueError(f"rope_base must be > 1; got {self.rope_base}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
         _check_choice("positional", self.positional, POSITIONAL_KINDS)

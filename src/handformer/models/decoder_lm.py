@@ -3,7 +3,11 @@
 ids (B, T) → token embedding (+ positions) → N × TransformerBlock (causal) → [LayerNorm] →
 linear head → logits (B, T, V). The model returns logits; losses live in ``handformer.loss``.
 
-Shape legend: ``B`` batch, ``T`` sequence, ``C`` model dim, ``V`` vocabulary.
+For decoding, ``make_cache`` builds a ``DecoderCache`` that the caller passes back into
+``forward``: the cache is explicit state, never hidden on the module.
+
+Shape legend: ``B`` batch, ``T`` new tokens, ``S`` cached + new tokens, ``C`` model dim,
+``V`` vocabulary.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from torch import Tensor, nn
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
 from handformer.nn.block import TransformerBlock
-from handformer.nn.positional import build_positional
+from handformer.nn.kv_cache import DecoderCache
+from handformer.nn.positional import ADDITIVE_KINDS, build_positional
 
 __all__ = ["DecoderLM", "positions_from_padding"]
 
@@ -38,7 +43,7 @@ class DecoderLM(nn.Module):
         self.config = config
         c = config
         self.token_embedding = nn.Embedding(c.vocab_size, c.d_model)
-        self.positions = build_positional(c.positional, c.d_model, c.max_len)
+        self.positions = build_positional(c.positional, c.d_model, c.max_len)  # None: in attn
         # Sinusoidal values are O(1) while embeddings start at std 0.02: scale the embeddings
         # by √C as in the original paper so the tokens are not drowned out.
         self.embed_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
@@ -53,6 +58,9 @@ class DecoderLM(nn.Module):
                 activation=c.activation,
                 attention=c.attention,  # type: ignore[arg-type]
                 bias=c.bias,
+                n_kv_heads=c.n_kv_heads,
+                positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
+                rope_base=c.rope_base,
             )
             for _ in range(c.n_layers)
         )
@@ -84,26 +92,29 @@ class DecoderLM(nn.Module):
 
     def num_parameters(self, *, exclude_positions: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())
-        if exclude_positions and isinstance(self.positions, nn.Module):
+        if exclude_positions and self.positions is not None:
             total -= sum(p.numel() for p in self.positions.parameters())
         return total
 
-    def forward(self, ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
-        """ids (B, T) long; ``padding_mask`` (B, T) bool, True on real tokens (left or right
-        padding). Returns logits (B, T, V)."""
+    def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
+        """Preallocated KV buffers for ``batch_size`` rows and up to ``max_len`` tokens
+        (default: the model's window). Keys/values are stored once per KV head, so
+        grouped-query attention shrinks the cache by ``n_heads / n_kv_heads``."""
+        c = self.config
+        param = next(self.parameters())
+        return DecoderCache(c.n_layers, batch_size, c.n_kv_heads, max_len or c.max_len,
+                            c.head_dim, dtype=param.dtype, device=param.device)
+
+    def _check_inputs(self, ids: Tensor, padding_mask: Tensor | None) -> None:
         if ids.dim() != 2:
             raise ValueError(f"DecoderLM expects ids of shape (B, T); got {tuple(ids.shape)}")
-        if ids.dtype not in (torch.long, torch.int, torch.int32, torch.int64):
+        if ids.dtype not in (torch.long, torch.int32):
             raise ValueError(f"ids must be an integer tensor; got {ids.dtype}")
-        _b, t = ids.shape
         if padding_mask is not None and padding_mask.shape != ids.shape:
             raise ValueError(
                 f"padding_mask shape {tuple(padding_mask.shape)} != ids shape {tuple(ids.shape)};"
                 " expected (B, T) bool with True on real tokens"
             )
-        if t > self.config.max_len and self.config.positional == "learned":
-            # Let the positional module raise its explanatory error.
-            self.positions(torch.arange(t, device=ids.device))
         vocab = self.config.vocab_size
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             raise ValueError(
@@ -111,15 +122,45 @@ class DecoderLM(nn.Module):
                 f"max {int(ids.max())} — was the tokenizer built for this model?"
             )
 
-        if padding_mask is None:
+    def forward(
+        self,
+        ids: Tensor,
+        padding_mask: Tensor | None = None,
+        *,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """ids (B, T) long; ``padding_mask`` (B, T) bool, True on real tokens (left or right
+        padding). With ``cache``, ``ids`` are the *new* tokens, appended after the cached
+        ones. Returns logits (B, T, V)."""
+        self._check_inputs(ids, padding_mask)
+        b, t = ids.shape
+        cache_start = 0
+        if cache is not None:
+            new_mask = (torch.ones_like(ids, dtype=torch.bool) if padding_mask is None
+                        else padding_mask.bool())
+            positions, cache_start = cache.append_tokens(new_mask)  # (B, T)
+            key_mask = cache.key_mask[:, : cache_start + t]  # (B, S)
+            key_positions = cache.key_positions[:, : cache_start + t]  # (B, S)
+            # Only left padding needs a key mask; a fully real cache attends everywhere.
+            mask = None if bool(key_mask.all()) else combine_masks(key_mask)  # (B, 1, 1, S)
+        elif padding_mask is None:
             positions = torch.arange(t, device=ids.device)  # (T,)
+            key_positions = positions
             mask = None  # plain causal attention: lets the fused kernel take its fastest path
         else:
             positions = positions_from_padding(padding_mask)  # (B, T)
+            key_positions = positions
             mask = combine_masks(padding_mask.bool())  # (B, 1, 1, T)
 
         x = self.token_embedding(ids) * self.embed_scale  # (B, T, C)
-        x = self.dropout(x + self.positions(positions))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x, mask=mask, is_causal=True)  # (B, T, C)
+        if self.positions is not None:
+            x = x + self.positions(positions)  # (B, T, C)
+        x = self.dropout(x)
+        for i, block in enumerate(self.blocks):
+            x = block(
+                x, mask=mask, is_causal=True, positions=positions, key_positions=key_positions,
+                cache=None if cache is None else cache.layers[i], cache_start=cache_start,
+            )  # (B, T, C)
+        if cache is not None:
+            cache.commit(t)
         return self.lm_head(self.final_norm(x))  # (B, T, V)

@@ -7,8 +7,10 @@ Two kernels behind one interface:
 * ``sdpa`` — torch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
   kernels). Tests hold both equal.
 
-Shape legend: ``B`` batch, ``T`` query length, ``S`` key length, ``H`` heads, ``D`` head dim,
-``C`` model dim (``C = H · D``).
+Shape legend: ``B`` batch, ``T`` query length, ``S`` key length, ``H`` query heads,
+``Hkv`` key/value heads (``H`` for multi-head, 1 for multi-query, in between for grouped-query
+attention), ``G = H / Hkv`` query heads per key/value head, ``D`` head dim, ``C`` model dim
+(``C = H · D``).
 
 Masks are boolean with ``True`` = "may attend" (see ``handformer.masks``). A query row that
 may attend to nothing returns zeros, never NaN.
@@ -24,9 +26,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.masks import causal_mask
+from handformer.nn.kv_cache import KVCache
+from handformer.nn.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 
 AttentionKind = Literal["manual", "sdpa"]
 ATTENTION_KINDS: tuple[str, ...] = ("manual", "sdpa")
+# Position information applied inside attention (the rest is added to the embeddings).
+ATTENTION_POSITIONAL: tuple[str, ...] = ("none", "rope", "alibi")
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -47,9 +53,14 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}: "
             f"q {tuple(q.shape)}, k {tuple(k.shape)}"
         )
-    if k.shape[-2] != v.shape[-2]:
+    if k.shape[-2] != v.shape[-2] or k.shape[1] != v.shape[1]:
         raise ValueError(
-            f"k and v disagree on key length S: k {tuple(k.shape)}, v {tuple(v.shape)}"
+            f"k and v disagree on heads or key length: k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if q.shape[1] % k.shape[1] != 0:
+        raise ValueError(
+            f"query heads H={q.shape[1]} must be a multiple of key/value heads "
+            f"Hkv={k.shape[1]}: q {tuple(q.shape)}, k {tuple(k.shape)}"
         )
 
 
@@ -79,14 +90,20 @@ def scaled_dot_product_attention(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The reference attention, written out. Returns ``(output, weights)``.
 
-    q (B, H, T, D), k (B, H, S, D), v (B, H, S, Dv), ``mask`` bool broadcastable to
-    (B, H, T, S); ``is_causal`` adds an end-aligned causal mask. Output (B, H, T, Dv),
-    weights (B, H, T, S).
+    q (B, H, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), ``mask`` bool broadcastable to
+    (B, H, T, S); ``is_causal`` adds an end-aligned causal mask; ``bias`` is added to the
+    scores (ALiBi). Output (B, H, T, Dv), weights (B, H, T, S).
     """
     _check_qkv(q, k, v)
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        # Grouped-query attention: query head h reads key/value head h // G.
+        k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D)
+        v = v.repeat_interleave(groups, dim=1)  # (B, H, S, Dv)
     t, s = q.shape[-2], k.shape[-2]
     scores_shape = (q.shape[0], q.shape[1], t, s)
     if mask is not None:
@@ -97,6 +114,8 @@ def scaled_dot_product_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         # A large negative (not -inf) keeps fully-masked rows finite; zeroing the weights
         # afterwards makes masked keys contribute exactly nothing and empty rows return zeros.
@@ -116,27 +135,41 @@ def _fused_attention(
     mask: Tensor | None,
     dropout_p: float,
     is_causal: bool,
+    bias: Tensor | None = None,
 ) -> Tensor:
     """torch's fused kernel, with handformer's mask convention and empty-row semantics."""
     _check_qkv(q, k, v)
     t, s = q.shape[-2], k.shape[-2]
-    if mask is None:
-        # Square causal attention takes the fastest (flash) kernel via is_causal.
+    gqa = q.shape[1] != k.shape[1]
+    if mask is None and bias is None:
         if is_causal and t != s:
             # torch's is_causal aligns to the top-left corner; ours is end-aligned.
+            mask = causal_mask(t, s, device=q.device)
+        else:
+            # Square causal attention takes the fastest (flash) kernel via is_causal.
             return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=causal_mask(t, s, device=q.device), dropout_p=dropout_p
+                q, k, v, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=gqa
             )
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=is_causal)
-    _check_mask(mask, (q.shape[0], q.shape[1], t, s))
-    if is_causal:
-        mask = mask & causal_mask(t, s, device=q.device)
-    # torch returns NaN for a row with no allowed key; let such rows see everything, then
-    # zero their output so both paths agree.
-    row_has_key = mask.any(dim=-1, keepdim=True)  # (…, T, 1)
-    safe_mask = mask | ~row_has_key
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask, dropout_p=dropout_p)
-    return out.masked_fill(~row_has_key, 0.0)  # (B, H, T, Dv)
+    elif is_causal:
+        causal = causal_mask(t, s, device=q.device)  # (T, S)
+        mask = causal if mask is None else mask & causal
+    if mask is not None:
+        _check_mask(mask, (q.shape[0], q.shape[1], t, s))
+    row_has_key = None
+    if mask is not None:
+        # torch returns NaN for a row with no allowed key; let such rows see everything,
+        # then zero their output so both paths agree.
+        row_has_key = mask.any(dim=-1, keepdim=True)  # (…, T, 1)
+        mask = mask | ~row_has_key
+    if bias is not None:
+        # ALiBi on the fused path: one additive float mask, -inf where not allowed.
+        attn_mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    else:
+        attn_mask = mask
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, enable_gqa=gqa
+    )
+    return out if row_has_key is None else out.masked_fill(~row_has_key, 0.0)  # (B, H, T, Dv)
 
 
 def attention(
@@ -149,6 +182,7 @@ def attention(
     dropout_p: float = 0.0,
     is_causal: bool = False,
     need_weights: bool = False,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Dispatch to the chosen kernel. Weights are returned only by the manual kernel.
 
@@ -159,19 +193,21 @@ def attention(
         raise ValueError(f"unknown attention kind {kind!r}; expected one of {ATTENTION_KINDS}")
     if kind == "manual" or need_weights:
         out, weights = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p, is_causal=is_causal
+            q, k, v, mask, dropout_p, is_causal=is_causal, bias=bias
         )
         return out, (weights if need_weights else None)
-    return _fused_attention(q, k, v, mask, dropout_p, is_causal), None
+    return _fused_attention(q, k, v, mask, dropout_p, is_causal, bias), None
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention with a fused input projection.
+    """Multi-head attention with a fused input projection, grouped-query heads and
+    in-attention positions (RoPE / ALiBi).
 
-    One ``in_proj`` (C → 3C) holds the query, key and value projections side by side, the
-    layout ``nn.MultiheadAttention`` uses, so weights copy across without reshuffling. For
-    self-attention one matmul computes all three; for cross-attention the query rows are
-    applied to ``x`` and the key/value rows to ``context``.
+    One ``in_proj`` (C → C + 2·Hkv·D) holds the query, key and value projections side by
+    side. With ``n_kv_heads == n_heads`` that is the layout ``nn.MultiheadAttention`` uses,
+    so weights copy across without reshuffling. For self-attention one matmul computes all
+    three; for cross-attention the query rows apply to ``x`` and the key/value rows to
+    ``context``.
     """
 
     def __init__(
@@ -179,31 +215,64 @@ class MultiHeadAttention(nn.Module):
         d_model: int,
         n_heads: int,
         *,
+        n_kv_heads: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
         attention: AttentionKind = "manual",
+        positional: str = "none",
+        rope_base: float = 10000.0,
     ) -> None:
         super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads != 0:
             raise ValueError(
                 f"d_model={d_model} must be divisible by n_heads={n_heads} "
                 f"(head dim D = d_model / n_heads)"
             )
+        if n_kv_heads <= 0 or n_heads % n_kv_heads != 0:
+            raise ValueError(
+                f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} "
+                "(n_kv_heads = n_heads: multi-head; 1: multi-query; else grouped-query)"
+            )
         if attention not in ATTENTION_KINDS:
             raise ValueError(
                 f"unknown attention kind {attention!r}; expected one of {ATTENTION_KINDS}"
             )
+        if positional not in ATTENTION_POSITIONAL:
+            raise ValueError(f"attention positional={positional!r}; expected one of "
+                             f"{ATTENTION_POSITIONAL}")
         self.d_model = d_model
         self.n_heads = n_heads
+        self.n_kv_heads = n_kv_heads
         self.head_dim = d_model // n_heads
+        self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
         self.attention = attention
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.positional = positional
+        self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = RotaryEmbedding(self.head_dim, rope_base) if positional == "rope" else None
+        if positional == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
 
-    def _split_heads(self, x: Tensor) -> Tensor:
+    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
+
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        c, kv = self.d_model, self.kv_dim
+        if context is None:
+            return self.in_proj(x).split([c, kv, kv], dim=-1)  # (B, T, C), 2 × (B, T, Hkv·D)
+        b = x.shape[0]
+        if context.dim() != 3 or context.shape[0] != b or context.shape[-1] != c:
+            raise ValueError(
+                f"cross-attention context must be (B, S, C) = ({b}, S, {c}); "
+                f"got {tuple(context.shape)}"
+            )
+        w, bias = self.in_proj.weight, self.in_proj.bias
+        q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (B, T, C)
+        k, v = F.linear(context, w[c:], None if bias is None else bias[c:]).split(kv, dim=-1)
+        return q, k, v  # (B, T, C), 2 × (B, S, Hkv·D)
 
     def forward(
         self,
@@ -213,11 +282,19 @@ class MultiHeadAttention(nn.Module):
         mask: Tensor | None = None,
         is_causal: bool = False,
         need_weights: bool = False,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        cache_start: int = 0,
     ) -> tuple[Tensor, Tensor | None]:
         """x (B, T, C); context (B, S, C) for cross-attention (default: x itself).
 
-        ``mask`` bool, broadcastable to (B, H, T, S), ``True`` = may attend. Returns the
-        output (B, T, C) and, with ``need_weights``, the weights (B, H, T, S).
+        ``mask`` bool, broadcastable to (B, H, T, S), ``True`` = may attend.
+        ``positions`` (T,) or (B, T) are the queries' positions and ``key_positions`` the
+        keys' (default: the same), used by RoPE / ALiBi. With ``cache``, the new keys and
+        values are written at column ``cache_start`` and attention runs over every cached
+        column. Returns the output (B, T, C) and, with ``need_weights``, the weights
+        (B, H, T, S).
         """
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(
@@ -225,20 +302,28 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         b, t, c = x.shape
-        if context is None:
-            qkv = self.in_proj(x)  # (B, T, 3C)
-            q, k, v = qkv.split(c, dim=-1)  # 3 × (B, T, C)
-        else:
-            if context.dim() != 3 or context.shape[0] != b or context.shape[-1] != c:
-                raise ValueError(
-                    f"cross-attention context must be (B, S, C) = ({b}, S, {c}); "
-                    f"got {tuple(context.shape)}"
-                )
-            w, bias = self.in_proj.weight, self.in_proj.bias
-            q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (B, T, C)
-            kv = F.linear(context, w[c:], None if bias is None else bias[c:])  # (B, S, 2C)
-            k, v = kv.split(c, dim=-1)  # 2 × (B, S, C)
-        q, k, v = self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        q, k, v = self._project(x, context)
+        q = self._split_heads(q, self.n_heads)  # (B, H, T, D)
+        k = self._split_heads(k, self.n_kv_heads)  # (B, Hkv, S_new, D)
+        v = self._split_heads(v, self.n_kv_heads)  # (B, Hkv, S_new, D)
+
+        if self.positional != "none" and positions is None:
+            positions = torch.arange(t, device=x.device)
+        if self.rotary is not None:
+            q = self.rotary(q, positions)
+            if context is None:
+                k = self.rotary(k, positions)  # rotated once, then cached rotated
+        if cache is not None:
+            k, v = cache.update(k, v, cache_start)  # (B, Hkv, S, D) each
+
+        bias = None
+        if self.positional == "alibi":
+            q_pos = positions if positions.dim() == 2 else positions[None]  # (B|1, T)
+            if key_positions is None:
+                key_positions = q_pos
+            k_pos = key_positions if key_positions.dim() == 2 else key_positions[None]
+            bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)  # (B|1, H, T, S)
+
         out, weights = attention(
             q,
             k,
@@ -248,6 +333,7 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=is_causal,
             need_weights=need_weights,
+            bias=bias,
         )  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
         return self.out_proj(out), weights

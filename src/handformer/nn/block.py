@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from handformer.nn.attention import AttentionKind, MultiHeadAttention
 from handformer.nn.feedforward import FeedForward
+from handformer.nn.kv_cache import KVCache
 
 __all__ = ["NORM_KINDS", "TransformerBlock"]
 
@@ -36,13 +37,17 @@ class TransformerBlock(nn.Module):
         bias: bool = True,
         cross_attention: bool = False,
         layer_norm_eps: float = 1e-5,
+        n_kv_heads: int | None = None,
+        positional: str = "none",
+        rope_base: float = 10000.0,
     ) -> None:
         super().__init__()
         if norm not in NORM_KINDS:
             raise ValueError(f"unknown norm placement {norm!r}; expected one of {NORM_KINDS}")
         self.norm = norm
         self.self_attn = MultiHeadAttention(
-            d_model, n_heads, dropout=dropout, bias=bias, attention=attention
+            d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, bias=bias,
+            attention=attention, positional=positional, rope_base=rope_base,
         )
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
@@ -70,13 +75,22 @@ class TransformerBlock(nn.Module):
         is_causal: bool = False,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        key_positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        cache_start: int = 0,
     ) -> Tensor:
         """x (B, T, C) → (B, T, C). ``mask`` is the self-attention mask (True = may attend);
-        ``context`` (B, S, C) and ``context_mask`` feed the cross-attention, if present."""
+        ``context`` (B, S, C) and ``context_mask`` feed the cross-attention, if present.
+        ``positions``, ``key_positions``, ``cache`` and ``cache_start`` go to the
+        self-attention (see ``MultiHeadAttention.forward``)."""
         x = self._residual(
             x,
             self.norm1,
-            lambda h: self.self_attn(h, mask=mask, is_causal=is_causal)[0],
+            lambda h: self.self_attn(
+                h, mask=mask, is_causal=is_causal, positions=positions,
+                key_positions=key_positions, cache=cache, cache_start=cache_start,
+            )[0],
             self.dropout1,
         )
         if self.cross_attn is not None:

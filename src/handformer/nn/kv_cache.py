@@ -1,0 +1,103 @@
+"""The key/value cache: what autoregressive decoding remembers between steps.
+
+Without a cache every new token recomputes the keys and values of the whole context. With
+one, each layer keeps its keys and values in preallocated buffers and a step computes them
+for the new token only.
+
+* ``KVCache`` — one layer's buffers, written at an explicit offset.
+* ``DecoderCache`` — all layers of a model plus what the layers share: how many columns are
+  filled, which of them are real tokens (left-padded batches) and each column's position.
+
+Shape legend: ``B`` batch, ``Hkv`` key/value heads, ``L`` capacity, ``T`` new tokens,
+``S`` filled length, ``D`` head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["DecoderCache", "KVCache"]
+
+
+class KVCache:
+    """Preallocated key/value buffers of one attention layer."""
+
+    def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        shape = (batch_size, n_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, Hkv, L, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, Hkv, L, D)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def update(self, k_new: Tensor, v_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Write (B, Hkv, T, D) at columns [start, start+T); return views of [0, start+T)."""
+        end = start + k_new.shape[2]
+        if end > self.capacity:
+            raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into a "
+                             f"cache of capacity {self.capacity}; reset it or make it larger")
+        if k_new.shape[:2] != self.k.shape[:2] or k_new.shape[-1] != self.k.shape[-1]:
+            raise ValueError(f"new keys {tuple(k_new.shape)} do not fit cache buffers "
+                             f"{tuple(self.k.shape)} (B, Hkv, L, D)")
+        self.k[:, :, start:end] = k_new
+        self.v[:, :, start:end] = v_new
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, S, D) each
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+class DecoderCache:
+    """Per-layer KV caches plus the bookkeeping every layer shares.
+
+    ``length`` columns are filled. ``key_mask[:, j]`` says whether column j holds a real
+    token (False for left padding); ``key_positions[:, j]`` is its position id, counting
+    real tokens only; ``next_position`` is the position the next real token of each row gets.
+    """
+
+    def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int,
+                 head_dim: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        self.layers = [KVCache(batch_size, n_kv_heads, capacity, head_dim, dtype=dtype,
+                               device=device) for _ in range(n_layers)]
+        self.batch_size = batch_size
+        self.capacity = capacity
+        self.key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self.key_positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
+        self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self.length = 0
+
+    def reset(self) -> None:
+        """Forget everything (buffers stay allocated and are overwritten on the next fill)."""
+        self.length = 0
+        self.next_position.zero_()
+
+    def append_tokens(self, new_mask: Tensor) -> tuple[Tensor, int]:
+        """Register T new columns; returns their positions (B, T) and the write offset.
+
+        ``new_mask`` (B, T) bool marks real tokens among them.
+        """
+        b, t = new_mask.shape
+        if b != self.batch_size:
+            raise ValueError(f"cache was set up for batch size {self.batch_size}; got {b}")
+        start = self.length
+        if start + t > self.capacity:
+            raise ValueError(f"KV cache overflow: {start} cached + {t} new tokens > capacity "
+                             f"{self.capacity}; reset the cache or set it up with a larger "
+                             "max_len")
+        counts = new_mask.long().cumsum(dim=-1)  # (B, T)
+        positions = (self.next_position[:, None] + counts - 1).clamp(min=0)  # (B, T)
+        self.key_mask[:, start : start + t] = new_mask
+        self.key_positions[:, start : start + t] = positions
+        self.next_position += counts[:, -1]
+        return positions, start
+
+    def commit(self, t: int) -> None:
+        """Mark T appended columns as filled, once every layer has written them."""
+        self.length += t
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
