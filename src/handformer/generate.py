@@ -1,17 +1,45 @@
-"""Autoregressive sampling: greedy, temperature and top-k.
+"""Autoregressive generation: one forward pass over the prompt, then one token per step.
 
-Each step feeds the model at most ``max_len`` of the most recent tokens, so generation can
-run past the training window (a model with learned positions has no vectors beyond it).
+* Sampling: greedy (``temperature == 0``), temperature, top-k, top-p (nucleus) and a
+  repetition penalty, reproducible with ``seed``.
+* The KV cache (``use_cache=True``) keeps every layer's keys and values, so a step costs one
+  token's worth of compute instead of the whole context's. Cached and uncached generation
+  follow the same context window and give the same tokens.
+* The window: a model is run on at most ``max_len`` tokens. When the context outgrows it,
+  the window slides forward by half its length and the cache is refilled from the kept
+  tokens — one refill every ``max_len / 2`` steps instead of one per step.
+* Batches of prompts of different lengths are left-padded; position ids count real tokens
+  only, so each row generates what it would generate alone.
 
-Shape legend: ``B`` batch, ``T`` context length, ``V`` vocabulary.
+Shape legend: ``B`` batch, ``T`` sequence so far, ``V`` vocabulary.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["generate", "sample_next"]
+from handformer.nn.kv_cache import DecoderCache
+
+__all__ = ["apply_repetition_penalty", "generate", "generate_text", "left_pad", "sample_next"]
+
+TokenCallback = Callable[[Tensor], bool | None]
+
+
+def apply_repetition_penalty(logits: Tensor, history: Tensor, history_mask: Tensor | None,
+                             penalty: float) -> Tensor:
+    """CTRL-style penalty: tokens already present get their logit divided by ``penalty``
+    when positive, multiplied when negative. logits (B, V), history (B, T); padding in
+    ``history`` (``history_mask`` False) does not count."""
+    if penalty == 1.0:
+        return logits
+    real = torch.ones_like(history) if history_mask is None else history_mask.long()  # (B, T)
+    counts = torch.zeros(logits.shape, dtype=torch.long, device=logits.device)  # (B, V)
+    counts.scatter_add_(1, history, real)
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(counts > 0, penalised, logits)
 
 
 def sample_next(
@@ -19,6 +47,7 @@ def sample_next(
     *,
     temperature: float = 1.0,
     top_k: int | None = None,
+    top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
     """logits (B, V) → next ids (B,). ``temperature == 0`` is greedy (argmax)."""
@@ -26,6 +55,8 @@ def sample_next(
         raise ValueError(f"temperature must be >= 0; got {temperature}")
     if top_k is not None and top_k <= 0:
         raise ValueError(f"top_k must be a positive int or None; got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1]; got {top_p}")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -33,46 +64,178 @@ def sample_next(
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)  # (B, V)
+    if top_p is not None and top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p.
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V)
+        keep_sorted = mass_before < top_p  # the top token always stays
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        probs = probs.masked_fill(~keep, 0.0)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Prompts of different lengths → ids (B, T) and padding mask (B, T), padded on the left
+    so every row's last token sits in the last column, where generation continues."""
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ValueError("every prompt must have at least one token")
+    t = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), t), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), t), dtype=torch.bool)
+    for row, seq in enumerate(sequences):
+        ids[row, t - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, t - len(seq):] = True
+    return ids, mask
+
+
+def _slide(start: int, length: int, max_len: int) -> int:
+    """New window start once ``length - start`` tokens exceed ``max_len``: advance by half a
+    window at a time, so a cached model refills once per ``max_len // 2`` tokens."""
+    overflow = length - start - max_len
+    if overflow <= 0:
+        return start
+    stride = max(1, max_len // 2)
+    return start + stride * -(-overflow // stride)
+
+
+@torch.inference_mode()
 def generate(
     model: nn.Module,
     ids: Tensor,
     max_new_tokens: int,
     *,
+    padding_mask: Tensor | None = None,
     temperature: float = 1.0,
     top_k: int | None = None,
-    seed: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float = 1.0,
     eos_id: int | None = None,
+    seed: int | None = None,
+    use_cache: bool = True,
+    on_token: TokenCallback | None = None,
 ) -> Tensor:
     """Extend ``ids`` (B, T) by up to ``max_new_tokens`` tokens; returns (B, T + new).
 
-    Stops early when every row has produced ``eos_id`` (if given).
+    ``padding_mask`` (B, T) marks real prompt tokens (use ``left_pad`` for prompts of
+    different lengths). Rows that produced ``eos_id`` keep emitting it; generation stops
+    when all rows have. ``on_token(next_ids)`` is called after every step; returning True
+    stops generation (streaming, stop strings).
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
                          f"{tuple(ids.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0; got {max_new_tokens}")
-    max_len = model.config.max_len  # type: ignore[union-attr]
+    if repetition_penalty <= 0:
+        raise ValueError(f"repetition_penalty must be > 0; got {repetition_penalty}")
+    if padding_mask is not None and padding_mask.shape != ids.shape:
+        raise ValueError(f"padding_mask {tuple(padding_mask.shape)} != ids {tuple(ids.shape)}")
+    sample_next(torch.zeros(1, 2), temperature=temperature, top_k=top_k, top_p=top_p)  # checks
+    if padding_mask is not None and not bool(padding_mask.any(dim=1).all()):
+        raise ValueError("every prompt row needs at least one real (unpadded) token")
+
+    max_len: int = model.config.max_len  # type: ignore[union-attr]
     device = next(model.parameters()).device
-    generator = None
-    if seed is not None:
-        generator = torch.Generator(device=device).manual_seed(seed)
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     was_training = model.training
     model.eval()
-    out = ids.to(device)
+
+    out = ids.to(device)  # (B, T)
+    mask = (torch.ones_like(out, dtype=torch.bool) if padding_mask is None
+            else padding_mask.to(device).bool())  # (B, T)
     finished = torch.zeros(out.shape[0], dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        context = out[:, -max_len:]  # (B, ≤max_len)
-        logits = model(context)[:, -1, :]  # (B, V)
-        nxt = sample_next(logits, temperature=temperature, top_k=top_k, generator=generator)
-        out = torch.cat([out, nxt[:, None]], dim=1)  # (B, T+1)
-        if eos_id is not None:
-            finished |= nxt == eos_id
-            if bool(finished.all()):
+    cache: DecoderCache | None = model.make_cache(out.shape[0]) if use_cache else None  # type: ignore[operator]
+    start, cached_until = 0, 0  # window start; columns [start, cached_until) are cached
+    try:
+        for _ in range(max_new_tokens):
+            length = out.shape[1]
+            new_start = _slide(start, length, max_len)
+            if cache is None:
+                logits = model(out[:, new_start:], mask[:, new_start:])
+            else:
+                if new_start != start or cached_until == 0:
+                    cache.reset()  # window moved (or first step): refill from the kept tokens
+                    cached_until = new_start
+                logits = model(out[:, cached_until:], mask[:, cached_until:], cache=cache)
+                cached_until = length
+            start = new_start
+            next_logits = apply_repetition_penalty(
+                logits[:, -1, :], out[:, start:], mask[:, start:], repetition_penalty
+            )  # (B, V)
+            nxt = sample_next(next_logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                              generator=generator)  # (B,)
+            if eos_id is not None:
+                nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
+                finished |= nxt == eos_id
+            out = torch.cat([out, nxt[:, None]], dim=1)  # (B, T+1)
+            mask = torch.cat([mask, torch.ones_like(nxt[:, None], dtype=torch.bool)], dim=1)
+            stop = on_token(nxt) if on_token is not None else None
+            if stop or (eos_id is not None and bool(finished.all())):
                 break
-    model.train(was_training)
+    finally:
+        model.train(was_training)
     return out
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters of ``text`` could still be the start of a stop string
+    (and so must not be streamed yet)."""
+    longest = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:n]):
+                longest = n
+                break
+    return longest
+
+
+def generate_text(
+    model: nn.Module,
+    tokenizer,
+    prompts: str | Sequence[str],
+    max_new_tokens: int,
+    *,
+    stop: Sequence[str] = (),
+    stream: Callable[[int, str], None] | None = None,
+    **sampling,
+) -> list[str]:
+    """Text in, text out: encode prompts (left-padded as a batch), generate, decode.
+
+    Returns each prompt's continuation, cut before the first stop string (which is never
+    streamed, not even in part). ``stream(row, text_piece)`` receives new text as it is
+    produced. Characters the tokenizer does not know become ``<unk>``.
+    """
+    prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompt_list or any(p == "" for p in prompt_list):
+        raise ValueError("prompts must be non-empty strings")
+    if any(s == "" for s in stop):
+        raise ValueError("stop strings must be non-empty")
+    ids, mask = left_pad([tokenizer.encode(p) for p in prompt_list], tokenizer.pad_id)
+    texts = [""] * len(prompt_list)
+    streamed = [0] * len(prompt_list)
+    done = [False] * len(prompt_list)
+
+    def emit(row: int, upto: int) -> None:
+        if stream is not None and upto > streamed[row]:
+            stream(row, texts[row][streamed[row]:upto])
+        streamed[row] = max(streamed[row], upto)
+
+    def on_token(nxt: Tensor) -> bool:
+        for row, token in enumerate(nxt.tolist()):
+            if done[row]:
+                continue
+            texts[row] += tokenizer.decode([token])
+            hits = [texts[row].find(s) for s in stop if s in texts[row]]
+            if hits:
+                texts[row] = texts[row][: min(hits)]
+                done[row] = True
+                emit(row, len(texts[row]))
+            else:
+                emit(row, len(texts[row]) - _held_back(texts[row], stop))
+        return all(done)
+
+    generate(model, ids, max_new_tokens, padding_mask=mask, on_token=on_token,
+             eos_id=tokenizer.eos_id, **sampling)
+    for row in range(len(texts)):
+        emit(row, len(texts[row]))  # release text held back for a stop that never came
+    return texts

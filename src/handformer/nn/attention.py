@@ -141,6 +141,8 @@ def _fused_attention(
     _check_qkv(q, k, v)
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
+    if is_causal and t == 1:
+        is_causal = False  # one query at the end of the keys sees every key
     if mask is None and bias is None:
         if is_causal and t != s:
             # torch's is_causal aligns to the top-left corner; ours is end-aligned.

@@ -1,0 +1,87 @@
+"""``handformer generate``: sample from a run folder, streaming text as it is produced."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_generate_subcommand", "run_generate"]
+
+
+def add_generate_subcommand(sub: Any) -> None:
+    gen = sub.add_parser("generate", help="sample text from a trained run folder")
+    gen.add_argument("--run", type=Path, required=True, help="run folder written by train")
+    source = gen.add_mutually_exclusive_group()
+    source.add_argument("--prompt", default=None, help="text to continue (default: a newline)")
+    source.add_argument("--prompt-file", type=Path, default=None,
+                        help="one prompt per line, generated together as a batch")
+    source.add_argument("--interactive", action="store_true",
+                        help="read prompts from the terminal, one per line, until EOF")
+    gen.add_argument("--max-new-tokens", type=int, default=200)
+    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    gen.add_argument("--top-k", type=int, default=None)
+    gen.add_argument("--top-p", type=float, default=None)
+    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--stop", action="append", default=[],
+                     help="stop before this string (repeatable)")
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--no-cache", action="store_true", help="recompute the whole context "
+                     "every step (slow; for comparison)")
+    gen.add_argument("--device", default="cpu")
+    gen.set_defaults(handler=run_generate)
+
+
+def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
+    unknown = sorted({ch for p in prompts for ch in p if ch not in tokenizer.stoi})
+    if unknown:
+        print(f"warning: {len(unknown)} character(s) not in the model's vocabulary are read "
+              f"as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from handformer.generate import generate_text
+    from handformer.train.run_folder import load_run
+
+    model, tokenizer, _ = load_run(args.run, device=args.device)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                    repetition_penalty=args.repetition_penalty, seed=args.seed,
+                    use_cache=not args.no_cache)
+
+    def one(prompt: str) -> None:
+        if not prompt:
+            raise ValueError("the prompt is empty; give at least one character")
+        _warn_unknown(tokenizer, [prompt])
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        generate_text(model, tokenizer, prompt, args.max_new_tokens, stop=args.stop,
+                      stream=lambda _row, piece: (sys.stdout.write(piece), sys.stdout.flush()),
+                      **sampling)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    if args.prompt_file is not None:
+        from handformer.corpora import read_text_file
+
+        prompts = [line for line in read_text_file(args.prompt_file).splitlines() if line]
+        if not prompts:
+            raise ValueError(f"{args.prompt_file} holds no prompts (one per line)")
+        _warn_unknown(tokenizer, prompts)
+        outputs = generate_text(model, tokenizer, prompts, args.max_new_tokens,
+                                stop=args.stop, **sampling)
+        for prompt, text in zip(prompts, outputs, strict=True):
+            print(f"=== {prompt}\n{prompt}{text}")
+        return 0
+    if args.interactive:
+        print("handformer generate: type a prompt and press Enter (Ctrl-D to quit)",
+              file=sys.stderr)
+        for line in sys.stdin:
+            line = line.rstrip("\n")
+            if not line:
+                print("(empty prompt: type some text)", file=sys.stderr)
+                continue
+            one(line)
+        return 0
+    one("\n" if args.prompt is None else args.prompt)
+    return 0

@@ -1,0 +1,197 @@
+"""Generation: the KV cache changes nothing but speed; sampling obeys its contract."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handformer.generate import (
+    apply_repetition_penalty,
+    generate,
+    generate_text,
+    left_pad,
+    sample_next,
+)
+from handformer.models.decoder_lm import DecoderLM
+from handformer.tokenizers import CharTokenizer
+from tests.conftest import tiny_config
+
+POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
+PATHS = ["manual", "sdpa"]
+
+
+def _model(positional: str, path: str, n_kv_heads: int = 4, **kw) -> DecoderLM:
+    torch.manual_seed(3)
+    model = DecoderLM(tiny_config(positional=positional, attention=path, n_kv_heads=n_kv_heads,
+                                  **kw))
+    with torch.no_grad():  # sharper logits than at init, so greedy paths are not all ties
+        model.token_embedding.weight.mul_(20)
+    return model.eval()
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_cached_logits_equal_full_recompute(positional: str, path: str, n_kv_heads: int) -> None:
+    model = _model(positional, path, n_kv_heads)
+    ids = torch.randint(0, 37, (2, 16))
+    full = model(ids)  # (B, T, V)
+    cache = model.make_cache(2)
+    pieces = [model(ids[:, :5], cache=cache)]  # prefill
+    pieces += [model(ids[:, t : t + 1], cache=cache) for t in range(5, 16)]  # one by one
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+def test_cached_and_uncached_generation_identical_past_the_window(
+    positional: str, path: str, n_kv_heads: int
+) -> None:
+    model = _model(positional, path, n_kv_heads)  # max_len 16
+    prompt = torch.randint(0, 37, (2, 6))
+    greedy = [generate(model, prompt, 45, temperature=0, use_cache=c) for c in (True, False)]
+    assert torch.equal(greedy[0], greedy[1])
+    sampled = [generate(model, prompt, 45, temperature=1.0, top_k=10, seed=5, use_cache=c)
+               for c in (True, False)]
+    assert torch.equal(sampled[0], sampled[1])
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("path", PATHS)
+def test_batched_left_padded_equals_one_at_a_time(positional: str, path: str) -> None:
+    model = _model(positional, path, max_len=32)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [20]]
+    ids, mask = left_pad(prompts)
+    batched = generate(model, ids, 20, padding_mask=mask, temperature=0)
+    for row, prompt in enumerate(prompts):
+        alone = generate(model, torch.tensor([prompt]), 20, temperature=0)
+        assert batched[row, -20:].tolist() == alone[0, -20:].tolist(), f"row {row}"
+    uncached = generate(model, ids, 20, padding_mask=mask, temperature=0, use_cache=False)
+    assert torch.equal(batched, uncached)
+
+
+def test_prompt_longer_than_window_is_cropped_not_a_crash() -> None:
+    model = _model("learned", "sdpa")
+    out = generate(model, torch.randint(0, 37, (1, 40)), 5, temperature=0)
+    assert out.shape == (1, 45)
+
+
+def test_gqa_cache_is_smaller_by_the_group_factor() -> None:
+    sizes = {kv: _model("rope", "sdpa", kv).make_cache(2).nbytes() for kv in (4, 2, 1)}
+    assert sizes[4] == 2 * sizes[2] == 4 * sizes[1]
+
+
+def test_top_k_never_samples_outside_the_k_best() -> None:
+    logits = torch.randn(4, 50)
+    allowed = torch.topk(logits, 5, dim=-1).indices
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        nxt = sample_next(logits, temperature=2.0, top_k=5, generator=g)
+        assert all(int(nxt[b]) in allowed[b].tolist() for b in range(4))
+
+
+def test_top_p_never_samples_outside_the_nucleus() -> None:
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]))
+    g = torch.Generator().manual_seed(0)
+    seen = {int(sample_next(logits, top_p=0.75, generator=g)) for _ in range(300)}
+    assert seen == {0, 1}  # 0.5 < 0.75 <= 0.5 + 0.3: the nucleus is exactly {0, 1}
+    seen = {int(sample_next(logits, top_p=0.85, generator=g)) for _ in range(300)}
+    assert seen == {0, 1, 2}
+    assert {int(sample_next(logits, top_p=1e-6, generator=g)) for _ in range(50)} == {0}
+
+
+def test_seed_reproduces_and_temperature_to_zero_is_greedy() -> None:
+    model = _model("rope", "sdpa")
+    prompt = torch.randint(0, 37, (1, 4))
+    a = generate(model, prompt, 20, temperature=1.0, seed=11)
+    b = generate(model, prompt, 20, temperature=1.0, seed=11)
+    assert torch.equal(a, b)
+    greedy = generate(model, prompt, 20, temperature=0)
+    assert torch.equal(generate(model, prompt, 20, temperature=1e-6, seed=1), greedy)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
+    history = torch.tensor([[0, 1, 3]])
+    mask = torch.tensor([[True, True, False]])  # token 3 is padding: not penalised
+    out = apply_repetition_penalty(logits, history, mask, 2.0)
+    torch.testing.assert_close(out, torch.tensor([[1.0, -4.0, 1.0, 0.5]]))
+
+
+def test_eos_stops_generation() -> None:
+    model = _model("learned", "sdpa")
+    prompt = torch.randint(4, 37, (1, 3))
+    first = int(generate(model, prompt, 1, temperature=0)[0, -1])
+    out = generate(model, prompt, 30, temperature=0, eos_id=first)
+    assert out.shape[1] == 4 and int(out[0, -1]) == first
+
+
+class _CyclingLM(torch.nn.Module):
+    """A stand-in LM that always predicts the next character of the vocabulary, cycling
+    through the non-special ids: deterministic text to test stop strings on."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.config = tiny_config(vocab_size=vocab_size)
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids: torch.Tensor, padding_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        n_special, v = 4, self.config.vocab_size
+        nxt = (ids - n_special + 1) % (v - n_special) + n_special  # (B, T)
+        return torch.nn.functional.one_hot(nxt, v).float() * 10  # (B, T, V)
+
+
+def test_generate_text_stop_strings_and_streaming() -> None:
+    tok = CharTokenizer.from_text("abcdefgh")
+    model = _CyclingLM(tok.vocab_size)
+    full = generate_text(model, tok, "a", 20, temperature=0, use_cache=False)[0]
+    assert full == "bcdefghabcdefghabcde"
+    pieces: list[str] = []
+    cut = generate_text(model, tok, "a", 20, temperature=0, use_cache=False, stop=["gha", "x"],
+                        stream=lambda row, piece: pieces.append(piece))[0]
+    assert cut == "bcdef"
+    assert pieces == ["b", "c", "d", "e", "f"]  # "g" was held back, then dropped with the stop
+    never = generate_text(model, tok, "a", 5, temperature=0, use_cache=False, stop=["fx"],
+                          stream=lambda row, piece: pieces.append(piece))[0]
+    assert never == "bcdef" and pieces[-1] == "f"  # held back "f" released at the end
+    batch = generate_text(model, tok, ["a", "gh"], 4, temperature=0, use_cache=False,
+                          stop=["d"])
+    assert batch == ["bc", "abc"]
+
+
+def test_unknown_prompt_characters_become_unk() -> None:
+    tok = CharTokenizer.from_text("abc")
+    model = _model("learned", "sdpa", vocab_size=tok.vocab_size)
+    out = generate_text(model, tok, "a€b", 5, temperature=0)
+    assert len(out) == 1 and isinstance(out[0], str)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(max_new_tokens=-1), "max_new_tokens must be >= 0"),
+        (dict(top_p=0.0), r"top_p must lie in \(0, 1\]"),
+        (dict(top_p=1.5), r"top_p must lie in \(0, 1\]"),
+        (dict(top_k=0), "top_k must be a positive int"),
+        (dict(temperature=-1.0), "temperature must be >= 0"),
+        (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+    ],
+)
+def test_bad_generation_arguments(kwargs: dict, message: str) -> None:
+    model = _model("learned", "sdpa")
+    args = {"max_new_tokens": 3, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        generate(model, torch.tensor([[5, 6]]), **args)
+
+
+def test_empty_prompts_are_rejected() -> None:
+    model = _model("learned", "sdpa")
+    with pytest.raises(ValueError, match="non-empty prompt"):
+        generate(model, torch.zeros(1, 0, dtype=torch.long), 3)
+    tok = CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match="non-empty strings"):
+        generate_text(model, tok, "", 3)
+    with pytest.raises(ValueError, match="at least one token"):
+        left_pad([[1, 2], []])
