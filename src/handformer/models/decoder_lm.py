@@ -133,7 +133,7 @@ class DecoderLM(nn.Module):
         padding). With ``cache``, ``ids`` are the *new* tokens, appended after the cached
         ones. Returns logits (B, T, V)."""
         self._check_inputs(ids, padding_mask)
-        b, t = ids.shape
+        t = ids.shape[1]
         cache_start = 0
         if cache is not None:
             new_mask = (torch.ones_like(ids, dtype=torch.bool) if padding_mask is None
