@@ -57,9 +57,10 @@ def test_padding_does_not_change_real_positions(positional: str, path: str) -> N
         torch.testing.assert_close(logits[0, real], alone[0], msg=f"{side} padding")
 
 
-def test_loss_at_initialisation_is_close_to_ln_vocab() -> None:
+@pytest.mark.parametrize("positional", POSITIONALS)
+def test_loss_at_initialisation_is_close_to_ln_vocab(positional: str) -> None:
     for vocab in (37, 101):
-        model = DecoderLM(tiny_config(vocab_size=vocab))
+        model = DecoderLM(tiny_config(vocab_size=vocab, positional=positional))
         ids = torch.randint(0, vocab, (8, 16))
         targets = torch.randint(0, vocab, (8, 16))
         with torch.no_grad():

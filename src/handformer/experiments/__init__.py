@@ -1,0 +1,1 @@
+"""Experiments that answer a question with a measurement (``handformer experiment …``)."""
