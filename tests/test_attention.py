@@ -53,7 +53,7 @@ def test_fused_and_manual_paths_agree_with_gradients(is_causal: bool, with_paddi
     q, k, v = (t.requires_grad_() for t in _qkv(t=S, s=S))
     mask = combine_masks(_padding([9, 4, 6], S)) if with_padding else None
     outs, grads = [], []
-    for kind in ("manual", "sdpa"):
+    for kind in ("manual", "sdpa", "tiled"):
         out, _ = attention(q, k, v, mask, kind=kind, is_causal=is_causal)
         (g,) = torch.autograd.grad(out.square().sum(), [q])
         outs.append(out)
@@ -62,7 +62,7 @@ def test_fused_and_manual_paths_agree_with_gradients(is_causal: bool, with_paddi
     torch.testing.assert_close(grads[0], grads[1])
 
 
-@pytest.mark.parametrize("kind", ["manual", "sdpa"])
+@pytest.mark.parametrize("kind", ["manual", "sdpa", "tiled"])
 def test_fully_masked_rows_give_zeros_not_nan(kind: str) -> None:
     q, k, v = _qkv()
     mask = torch.ones(B, 1, T, S, dtype=torch.bool)
@@ -91,7 +91,7 @@ def test_bad_masks_and_shapes_raise_clear_errors() -> None:
         MultiHeadAttention(30, 4)
 
 
-@pytest.mark.parametrize("path", ["manual", "sdpa"])
+@pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_self_attention_matches_nn_multiheadattention(path: str, causal: bool) -> None:
     ours = MultiHeadAttention(32, 4, attention=path).eval()
@@ -111,7 +111,7 @@ def test_self_attention_matches_nn_multiheadattention(path: str, causal: bool) -
     torch.testing.assert_close(weights, ref_weights)
 
 
-@pytest.mark.parametrize("path", ["manual", "sdpa"])
+@pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
 def test_cross_attention_matches_nn_multiheadattention(path: str) -> None:
     ours = MultiHeadAttention(32, 4, attention=path).eval()
     ref = to_torch_multihead_attention(ours)

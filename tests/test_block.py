@@ -22,7 +22,7 @@ def _randomise(block: TransformerBlock) -> None:
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-@pytest.mark.parametrize("path", ["manual", "sdpa"])
+@pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
 def test_block_matches_transformer_encoder_layer(norm: str, activation: str, path: str) -> None:
     block = TransformerBlock(32, 4, 64, norm=norm, activation=activation, attention=path)
     _randomise(block)

@@ -13,7 +13,7 @@ from handformer.models.decoder_lm import DecoderLM
 from tests.conftest import tiny_config
 
 POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
-PATHS = ["manual", "sdpa"]
+PATHS = ["manual", "sdpa", "tiled"]
 
 
 @pytest.mark.parametrize("positional", POSITIONALS)

@@ -17,7 +17,7 @@ from handformer.tokenizers import CharTokenizer
 from tests.conftest import tiny_config
 
 POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
-PATHS = ["manual", "sdpa"]
+PATHS = ["manual", "sdpa", "tiled"]
 
 
 def _model(positional: str, path: str, n_kv_heads: int = 4, **kw) -> DecoderLM:

@@ -87,7 +87,7 @@ def test_alibi_bias_shape_and_values() -> None:
                 assert float(bias[0, h, i, j]) == pytest.approx(-float(slopes[h]) * abs(i + 2 - j))
 
 
-@pytest.mark.parametrize("path", ["manual", "sdpa"])
+@pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
 def test_alibi_attention_equals_sdpa_with_float_mask(path: str) -> None:
     mha = MultiHeadAttention(32, 4, attention=path, positional="alibi").eval()
     x = torch.randn(2, 6, 32)
@@ -111,7 +111,7 @@ def test_sinusoidal_matches_the_paper_formula() -> None:
 
 
 @pytest.mark.parametrize("n_kv_heads", [1, 2])
-@pytest.mark.parametrize("path", ["manual", "sdpa"])
+@pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
 def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads: int, path: str) -> None:
     d, h = 32, 4
     gqa = MultiHeadAttention(d, h, n_kv_heads=n_kv_heads, attention=path).eval()
@@ -138,7 +138,7 @@ def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads: int, path: str) -> No
 def test_grouped_kernels_equal_torch_enable_gqa() -> None:
     q, k, v = torch.randn(2, 8, 5, 16), torch.randn(2, 2, 5, 16), torch.randn(2, 2, 5, 16)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    for kind in ("manual", "sdpa"):
+    for kind in ("manual", "sdpa", "tiled"):
         out, _ = attention(q, k, v, kind=kind, is_causal=True)
         torch.testing.assert_close(out, expected)
 

@@ -1,11 +1,15 @@
 """Scaled dot-product attention and multi-head attention.
 
-Two kernels behind one interface:
+Three kernels behind one interface:
 
 * ``manual`` — the readable reference: scores = q·kᵀ/√D, mask, softmax, weights·v. It is the
   only path that can return the attention weights.
 * ``sdpa`` — torch's fused ``F.scaled_dot_product_attention`` (flash / memory-efficient
-  kernels). Tests hold both equal.
+  kernels).
+* ``tiled`` — hand-written memory-efficient attention (``handformer.nn.tiled_attention``):
+  keys visited tile by tile with an online softmax, memory linear in T.
+
+Tests hold all three equal.
 
 Shape legend: ``B`` batch, ``T`` query length, ``S`` key length, ``H`` query heads,
 ``Hkv`` key/value heads (``H`` for multi-head, 1 for multi-query, in between for grouped-query
@@ -28,9 +32,10 @@ from torch import Tensor, nn
 from handformer.masks import causal_mask
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.positional import RotaryEmbedding, alibi_bias, alibi_slopes
+from handformer.nn.tiled_attention import tiled_attention
 
-AttentionKind = Literal["manual", "sdpa"]
-ATTENTION_KINDS: tuple[str, ...] = ("manual", "sdpa")
+AttentionKind = Literal["manual", "sdpa", "tiled"]
+ATTENTION_KINDS: tuple[str, ...] = ("manual", "sdpa", "tiled")
 # Position information applied inside attention (the rest is added to the embeddings).
 ATTENTION_POSITIONAL: tuple[str, ...] = ("none", "rope", "alibi")
 
@@ -198,6 +203,14 @@ def attention(
             q, k, v, mask, dropout_p, is_causal=is_causal, bias=bias
         )
         return out, (weights if need_weights else None)
+    if kind == "tiled":
+        if dropout_p > 0.0:
+            raise ValueError("attention='tiled' has no attention dropout; train it with "
+                             "dropout=0 or use attention='manual' or 'sdpa'")
+        _check_qkv(q, k, v)
+        if mask is not None:
+            _check_mask(mask, (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]))
+        return tiled_attention(q, k, v, mask, is_causal=is_causal, bias=bias), None
     return _fused_attention(q, k, v, mask, dropout_p, is_causal, bias), None
 
 
