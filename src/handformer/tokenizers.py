@@ -4,6 +4,11 @@
 (``<pad>`` = 0, ``<unk>``, ``<bos>``, ``<eos>``). Encoding is vectorised: the text becomes an
 array of Unicode code points (one C-level call) and a lookup table maps them to ids, instead
 of a Python dict lookup per character.
+
+``HFTokenizer`` wraps any Hugging Face ``tokenizer.json`` (a WordPiece vocabulary such as
+MiniLM's, a GPT-2 BPE, …) behind the same interface; ``BPETokenizer.train`` learns a
+byte-level BPE on a corpus with the ``tokenizers`` library. Both save the library's own
+``tokenizer.json``, which ``transformers`` loads as it is.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SPECIAL_TOKENS", "CharTokenizer", "load_tokenizer"]
+__all__ = ["SPECIAL_TOKENS", "BPETokenizer", "CharTokenizer", "HFTokenizer", "Tokenizer",
+           "load_tokenizer"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, UNK, BOS, EOS)
@@ -154,10 +160,123 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 
-def load_tokenizer(path: str | Path) -> CharTokenizer:
-    """Load whichever tokenizer a ``tokenizer.json`` describes."""
+class HFTokenizer:
+    """A Hugging Face ``tokenizers.Tokenizer`` behind handformer's tokenizer interface."""
+
+    kind = "hf"
+    _PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>")
+    _UNK_NAMES = ("<unk>", "[UNK]")
+    _BOS_NAMES = ("<bos>", "[CLS]", "<s>", "<|endoftext|>")
+    _EOS_NAMES = ("<eos>", "[SEP]", "</s>", "<|endoftext|>")
+
+    def __init__(self, tokenizer: Any) -> None:
+        # handformer pads and truncates batches itself (padding masks, max_len): switch off
+        # any padding/truncation baked into the file (MiniLM's pads every text to 128).
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self.backend = tokenizer  # a tokenizers.Tokenizer
+
+    def _find(self, names: tuple[str, ...]) -> int | None:
+        for name in names:
+            idx = self.backend.token_to_id(name)
+            if idx is not None:
+                return idx
+        return None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def pad_id(self) -> int:
+        found = self._find(self._PAD_NAMES)
+        return 0 if found is None else found
+
+    @property
+    def unk_id(self) -> int | None:
+        return self._find(self._UNK_NAMES)
+
+    @property
+    def bos_id(self) -> int | None:
+        return self._find(self._BOS_NAMES)
+
+    @property
+    def eos_id(self) -> int | None:
+        return self._find(self._EOS_NAMES)
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
+               add_special_tokens: bool = False) -> list[int]:
+        """``add_special_tokens`` applies the file's own template (e.g. BERT's [CLS] … [SEP])."""
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        bos = [self.bos_id] if add_bos and self.bos_id is not None else []
+        eos = [self.eos_id] if add_eos and self.eos_id is not None else []
+        return bos + ids + eos
+
+    def encode_array(self, text: str) -> np.ndarray:
+        # One call on the whole text: splitting it first (e.g. by lines) would change where
+        # whitespace runs are cut, and so the tokens.
+        return np.asarray(self.backend.encode(text, add_special_tokens=False).ids,
+                          dtype=np.int64)
+
+    def decode(self, ids: Sequence[int] | np.ndarray | Any, *, skip_special: bool = True) -> str:
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        return self.backend.decode(ids, skip_special_tokens=skip_special)
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(Path(path), self.backend.to_str(pretty=False))
+
+    @classmethod
+    def load(cls, path: str | Path) -> HFTokenizer:
+        from tokenizers import Tokenizer as Backend
+
+        return cls(Backend.from_file(str(path)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(vocab_size={self.vocab_size})"
+
+
+class BPETokenizer(HFTokenizer):
+    """Byte-level BPE: any text round-trips, no character is ever unknown."""
+
+    kind = "bpe"
+
+    @classmethod
+    def train(cls, text: str | Iterable[str], vocab_size: int = 1000) -> BPETokenizer:
+        """Learn merges on ``text`` until the vocabulary (256 bytes + merges + the four
+        special tokens, ids 0–3) reaches ``vocab_size``."""
+        from tokenizers import Tokenizer as Backend
+        from tokenizers import decoders, models, pre_tokenizers, trainers
+
+        if vocab_size < 260:
+            raise ValueError(f"vocab_size must be >= 260 (4 special tokens + 256 bytes); "
+                             f"got {vocab_size}")
+        backend = Backend(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+        lines = [text] if isinstance(text, str) else text
+        backend.train_from_iterator(lines, trainer=trainer)
+        return cls(backend)
+
+
+Tokenizer = CharTokenizer | HFTokenizer
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load whichever tokenizer a ``tokenizer.json`` describes: handformer's character
+    vocabulary, or any Hugging Face ``tokenizers`` file (BPE, WordPiece, …)."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    kind = data.get("type")
-    if kind == "char":
+    if data.get("type") == "char":
         return CharTokenizer.from_dict(data)
-    raise ValueError(f"{path}: unknown tokenizer type {kind!r}; expected 'char'")
+    model = data.get("model")
+    if isinstance(model, dict):
+        try:
+            backend_cls = BPETokenizer if model.get("type") == "BPE" else HFTokenizer
+            return backend_cls.load(path)
+        except Exception as err:  # the library raises its own exception type
+            raise ValueError(f"{path}: not a loadable Hugging Face tokenizer ({err})") from None
+    raise ValueError(f"{path}: unknown tokenizer format; expected handformer's character "
+                     "tokenizer (type='char') or a Hugging Face tokenizer.json")

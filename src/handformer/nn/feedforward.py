@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 __all__ = ["ACTIVATIONS", "FeedForward"]
 
-ACTIVATIONS: tuple[str, ...] = ("gelu", "relu")
+# "gelu_tanh" is GELU's tanh approximation, the one GPT-2 was trained with.
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "relu")
 
 
 class FeedForward(nn.Module):
@@ -38,5 +39,8 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.fc_in(x)  # (B, T, F)
-        h = F.gelu(h) if self.activation == "gelu" else F.relu(h)
+        if self.activation == "relu":
+            h = F.relu(h)
+        else:
+            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.fc_out(self.dropout(h))  # (B, T, C)
