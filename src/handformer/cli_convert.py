@@ -1,0 +1,32 @@
+"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_convert_subcommand"]
+
+
+def add_convert_subcommand(sub: Any) -> None:
+    conv = sub.add_parser("convert", help="convert between run folders and transformers folders")
+    direction = conv.add_mutually_exclusive_group(required=True)
+    direction.add_argument("--to", choices=["hf"], help="run folder → transformers folder")
+    direction.add_argument("--from", dest="from_", choices=["hf"],
+                           help="transformers folder → run folder")
+    conv.add_argument("src", type=Path, help="the folder to read")
+    conv.add_argument("dst", type=Path, help="the folder to write")
+    conv.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
+
+    if args.to == "hf":
+        out = export_gpt2_folder(args.src, args.dst)
+        print(f"wrote {out} (load it with transformers.GPT2LMHeadModel.from_pretrained)")
+    else:
+        out = import_gpt2_folder(args.src, args.dst)
+        print(f"wrote run folder {out} (try: handformer generate --run {out})")
+    return 0

@@ -1,0 +1,88 @@
+"""Whole Hugging Face model folders ↔ handformer run folders (GPT-2 architecture).
+
+A Hugging Face folder holds ``config.json``, ``model.safetensors`` (or the older
+``pytorch_model.bin``) and usually ``tokenizer.json``. Reading never unpickles arbitrary
+objects: safetensors, or ``torch.load(weights_only=True)`` for ``.bin`` files.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from handformer.interop.gpt2 import (
+    ConversionError,
+    config_to_gpt2,
+    from_gpt2_state_dict,
+    to_gpt2_state_dict,
+)
+from handformer.tokenizers import HFTokenizer, atomic_write_text, load_tokenizer
+
+__all__ = ["export_gpt2_folder", "import_gpt2_folder"]
+
+
+def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    st, binary = folder / "model.safetensors", folder / "pytorch_model.bin"
+    if st.is_file():
+        return load_file(st)
+    if binary.is_file():
+        try:
+            return torch.load(binary, map_location="cpu", weights_only=True)
+        except Exception as err:  # pickle refusals and corrupt files surface as many types
+            raise ConversionError(f"{binary}: refused or unreadable ({err})") from None
+    raise ConversionError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
+
+
+def import_gpt2_folder(src: str | Path, run_dir: str | Path) -> Path:
+    """A ``transformers`` GPT-2 folder → a handformer run folder (weights, config, tokenizer)."""
+    from handformer.train.run_folder import save_run
+
+    src = Path(src)
+    config_path = src / "config.json"
+    if not config_path.is_file():
+        raise ConversionError(f"{src} has no config.json; expected a Hugging Face model folder")
+    hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    if hf_config.get("model_type") != "gpt2":
+        raise ConversionError(f"{config_path}: model_type={hf_config.get('model_type')!r}; "
+                              "only 'gpt2' decoders convert into a DecoderLM run")
+    if not (src / "tokenizer.json").is_file():
+        raise ConversionError(f"{src} has no tokenizer.json; a run folder needs one (save it "
+                              "with tokenizer.save_pretrained(...) from a fast tokenizer)")
+    state = _read_state_dict(src)
+    if not any(k.startswith("transformer.") for k in state):  # a bare GPT2Model checkpoint
+        state = {f"transformer.{k}": v for k, v in state.items()}
+    model = from_gpt2_state_dict(state, hf_config)
+    tokenizer = load_tokenizer(src / "tokenizer.json")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ConversionError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                              f"{model.config.vocab_size}")
+    return save_run(run_dir, model, model.config, tokenizer,
+                    extra={"converted_from": str(src.resolve())})
+
+
+def export_gpt2_folder(run_dir: str | Path, out: str | Path) -> Path:
+    """A handformer run folder → a folder ``GPT2LMHeadModel.from_pretrained`` loads.
+
+    A character vocabulary has no ``transformers`` tokenizer class; it is copied as
+    ``handformer_tokenizer.json`` beside the model. Hugging Face tokenizers are copied as
+    ``tokenizer.json``.
+    """
+    from handformer.train.run_folder import load_run
+
+    model, tokenizer, _ = load_run(run_dir)
+    hf_config = config_to_gpt2(model.config)
+    state = to_gpt2_state_dict(model)
+    del state["lm_head.weight"]  # tied to transformer.wte.weight, stored once
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "model.safetensors.tmp"
+    save_file(state, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / "model.safetensors")
+    atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2))
+    name = "tokenizer.json" if isinstance(tokenizer, HFTokenizer) else "handformer_tokenizer.json"
+    shutil.copyfile(Path(run_dir) / "tokenizer.json", out / name)
+    return out

@@ -1,0 +1,63 @@
+"""Whole folders: a transformers GPT-2 folder becomes a run folder and back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from handformer.corpora import builtin_text
+from handformer.interop.gpt2 import ConversionError
+from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
+from handformer.models.decoder_lm import DecoderLM
+from handformer.tokenizers import BPETokenizer, CharTokenizer
+from handformer.train.run_folder import load_run, save_run
+from tests.conftest import tiny_config
+
+transformers = pytest.importorskip(
+    "transformers", reason="the 'transformers' test extra is not installed "
+    "(pip install -r requirements-dev.txt)")
+
+
+def test_hf_folder_imports_as_a_run_and_generates(tmp_path: Path) -> None:
+    tok = BPETokenizer.train(builtin_text()[:30_000], vocab_size=300)
+    cfg = transformers.GPT2Config(vocab_size=300, n_positions=32, n_embd=32, n_layer=2,
+                                  n_head=4, bos_token_id=None, eos_token_id=None)
+    hf = transformers.GPT2LMHeadModel(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    tok.save(tmp_path / "hf" / "tokenizer.json")
+
+    run = import_gpt2_folder(tmp_path / "hf", tmp_path / "run")
+    model, loaded_tok, _ = load_run(run)
+    ids = torch.tensor([loaded_tok.encode("def main():")])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_run_exports_to_a_folder_transformers_loads(tmp_path: Path) -> None:
+    tok = CharTokenizer.from_text("hello world")
+    model = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="learned",
+                                  activation="gelu_tanh")).eval()
+    save_run(tmp_path / "run", model, model.config, tok)
+    out = export_gpt2_folder(tmp_path / "run", tmp_path / "hf")
+    assert (out / "handformer_tokenizer.json").is_file()
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    ids = torch.tensor([tok.encode("hello")])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_folder_errors_name_what_is_missing(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConversionError, match="no config.json"):
+        import_gpt2_folder(tmp_path / "empty", tmp_path / "run")
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    with pytest.raises(ConversionError, match="model_type='bert'"):
+        import_gpt2_folder(tmp_path / "bert", tmp_path / "run")
+    tok = CharTokenizer.from_text("abc")
+    rope = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="rope"))
+    save_run(tmp_path / "rope", rope, rope.config, tok)
+    with pytest.raises(ConversionError, match="positional='rope'"):
+        export_gpt2_folder(tmp_path / "rope", tmp_path / "out")
