@@ -1,0 +1,98 @@
+"""``handformer bench``: run every benchmark, merge their JSON, draw one chart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BENCHMARKS", "add_bench_subcommand", "draw_chart", "run_benchmarks"]
+
+BENCHMARKS = ("tokenizer", "generation", "train", "attention")
+_MODULES = {"tokenizer": "tokenizer_throughput", "generation": "generation_speed",
+            "train": "train_throughput", "attention": "attention_memory"}
+
+
+def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool) -> dict[str, Any]:
+    import importlib
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    merged: dict[str, Any] = {"quick": quick}
+    for name in names:
+        module = importlib.import_module(f"handformer.bench.{_MODULES[name]}")
+        path = out_dir / f"{_MODULES[name]}.json"
+        argv = ["--out", str(path)] + (["--quick"] if quick else [])
+        print(f"\n=== {name} ===", flush=True)
+        code = module.main(argv)
+        if code:
+            raise RuntimeError(f"benchmark {name!r} failed with exit code {code}")
+        merged[name] = json.loads(path.read_text(encoding="utf-8"))
+    return merged
+
+
+def draw_chart(merged: dict[str, Any], path: Path) -> None:
+    """One PNG, a panel per benchmark that ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [n for n in BENCHMARKS if n in merged]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+    for ax, name in zip(axes[0], panels, strict=True):
+        data = merged[name]
+        if name == "tokenizer":
+            rows = data["results"]
+            ax.barh([r["name"] for r in rows], [r["mb_per_s"] for r in rows])
+            ax.set_xlabel("MB/s (higher is better)")
+        elif name == "generation":
+            rows = [r for r in data["rows"] if "floor" not in r["contender"]]
+            ax.barh([f"{r['case']} {r['contender']}" for r in rows],
+                    [r["tokens_per_s"] for r in rows])
+            ax.set_xlabel("tokens/s, batch 1 (higher is better)")
+        elif name == "train":
+            rows = data["rows"]
+            ax.barh([f"{r['config']} {r['contender']}" for r in rows],
+                    [r["tokens_per_s"] for r in rows])
+            ax.set_xlabel("training tokens/s (higher is better)")
+        else:
+            for path_name in ("manual", "sdpa", "tiled"):
+                pts = [(r["T"], r["peak_mib"]) for r in data["rows"]
+                       if r["path"] == path_name and r["pass"] == "fwd+bwd" and "peak_mib" in r]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=path_name)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length T")
+            ax.set_ylabel("peak MiB, forward + backward")
+            ax.legend()
+        ax.set_title(name)
+        ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def add_bench_subcommand(sub: Any) -> None:
+    bench = sub.add_parser("bench", help="run the benchmarks side by side; table, JSON, PNG")
+    bench.add_argument("--quick", action="store_true", help="tiny sizes, a few repeats")
+    bench.add_argument("--only", action="append", choices=BENCHMARKS,
+                       help="run only these (repeatable; default: all)")
+    bench.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    bench.add_argument("--json", type=Path, default=None,
+                       help="merged JSON (default: OUT_DIR/bench.json)")
+    bench.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    names = tuple(args.only or BENCHMARKS)
+    merged = run_benchmarks(names, args.out_dir, args.quick)
+    json_path = args.json or args.out_dir / "bench.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(merged, indent=2), encoding="utf-8")
+    chart = args.out_dir / "bench.png"
+    draw_chart(merged, chart)
+    print(f"\nwrote {json_path} and {chart}")
+    return 0
