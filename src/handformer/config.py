@@ -17,7 +17,9 @@ from handformer.nn.block import NORM_KINDS
 from handformer.nn.feedforward import ACTIVATIONS
 from handformer.nn.positional import POSITIONAL_KINDS
 
-__all__ = ["PRESETS", "ModelConfig", "TrainConfig", "get_preset"]
+__all__ = ["PRECISIONS", "PRESETS", "ModelConfig", "TrainConfig", "get_preset"]
+
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 
 C = TypeVar("C", bound="_DictMixin")
 
@@ -102,7 +104,13 @@ class ModelConfig(_DictMixin):
 
 @dataclass
 class TrainConfig(_DictMixin):
-    """The optimisation recipe. ``block_size`` is the training window (≤ the model's max_len)."""
+    """The optimisation recipe, saved in every run folder and checkpoint so a run can resume.
+
+    ``block_size`` is the training window (≤ the model's max_len). ``batch_size`` is the
+    micro-batch: each optimiser step sees ``batch_size × grad_accum_steps`` windows.
+    ``checkpoint_interval=0`` checkpoints at every evaluation; ``early_stopping_patience=0``
+    never stops early.
+    """
 
     batch_size: int = 12
     block_size: int = 64
@@ -120,22 +128,47 @@ class TrainConfig(_DictMixin):
     val_fraction: float = 0.1
     seed: int = 1337
     device: str = "auto"
+    grad_accum_steps: int = 1
+    precision: str = "fp32"
+    compile: bool = False
+    checkpoint_interval: int = 0
+    keep_last: int = 3
+    early_stopping_patience: int = 0
+    max_nonfinite_steps: int = 10
+    loss_curve: bool = True
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
         for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
-                     "log_interval"):
+                     "log_interval", "grad_accum_steps", "keep_last", "max_nonfinite_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0; got {self.warmup_steps}")
+        for name in ("warmup_steps", "checkpoint_interval", "early_stopping_patience"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"TrainConfig.{name} must be an int >= 0; got {value!r}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1); got {self.val_fraction}")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ValueError(f"need 0 <= min_lr <= lr and lr > 0; got lr={self.lr}, "
                              f"min_lr={self.min_lr}")
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 = no clipping); got {self.grad_clip}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas}")
         _check_choice("schedule", self.schedule, ("cosine", "linear", "constant"))
+        _check_choice("precision", self.precision, PRECISIONS)
+        for name in ("compile", "loss_curve", "tensorboard"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"TrainConfig.{name} must be true or false; "
+                                 f"got {getattr(self, name)!r}")
+
+    @property
+    def effective_checkpoint_interval(self) -> int:
+        """Steps between regular checkpoints (0 in the config means: at every evaluation)."""
+        return self.checkpoint_interval or self.eval_interval
 
 
 @dataclass
