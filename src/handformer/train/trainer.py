@@ -1,9 +1,16 @@
 """A model-agnostic training loop.
 
-The trainer knows three things: how to get a training batch, how to turn a batch into
-logits (``forward_fn``, by default ``model(batch.ids, padding_mask=batch.padding_mask)``) and
-how to turn logits into a loss (``loss_fn``). Everything else (logging, saving) hangs off
-callbacks, so the same loop trains a decoder LM, a classifier or a seq2seq model.
+The trainer knows three things: how to get a training batch (``train_batch(generator)``),
+how to turn a batch into logits (``forward_fn``, by default
+``model(batch.ids, padding_mask=batch.padding_mask)``) and how to turn logits into a loss
+(``loss_fn``). Logging, plotting and dashboards hang off callbacks; checkpoints go through a
+``CheckpointManager``. So the same loop trains a decoder LM, a classifier or a seq2seq model.
+
+One optimiser step: set the lr (a pure function of the step) → draw ``grad_accum_steps``
+micro-batches → forward/backward each under autocast → clip (the pre-clip norm is reported)
+→ if the loss and gradient norm are finite, step; otherwise skip and count (the non-finite
+guard). Every step is reproducible from the trainer state: the step, the optimizer, every
+RNG, and the batch generator (the data position).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -21,9 +29,26 @@ from tqdm.auto import tqdm
 from handformer.config import TrainConfig
 from handformer.data import Batch
 from handformer.loss import lm_loss
+from handformer.train.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointManager,
+    load_weights,
+    read_trainer_state,
+    verify_checkpoint,
+)
 from handformer.train.optim import build_optimizer, lr_at
+from handformer.train.precision import resolve_precision
+from handformer.train.rng import capture_rng, restore_rng
+from handformer.train.state import (
+    TrainerState,
+    TrainerStateError,
+    flatten_optimizer,
+    restore_optimizer,
+)
+from handformer.train.testhooks import crash_point
 
-__all__ = ["Callback", "TrainResult", "Trainer", "pick_device"]
+__all__ = ["Callback", "NonFiniteError", "TrainResult", "Trainer", "pick_device"]
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -50,18 +75,29 @@ def default_forward(model: nn.Module, batch: Batch) -> Tensor:
 class Callback(Protocol):
     """Hooks the trainer calls; implement any subset (missing ones are skipped)."""
 
-    def on_log(self, step: int, metrics: dict[str, float]) -> None: ...
-    def on_eval(self, step: int, metrics: dict[str, float]) -> None: ...
+    def on_log(self, step: int, metrics: dict[str, Any]) -> None: ...
+    def on_eval(self, step: int, metrics: dict[str, Any]) -> None: ...
     def on_end(self, result: TrainResult) -> None: ...
+
+
+class NonFiniteError(RuntimeError):
+    """Too many steps had a NaN/Inf loss or gradient norm (none of them reached the weights)."""
 
 
 @dataclass
 class TrainResult:
-    steps: int
-    train_losses: list[float] = field(default_factory=list)
+    steps: int  # the step the run ended at (optimizer steps taken, resumed ones included)
+    start_step: int = 0
+    train_losses: list[float] = field(default_factory=list)  # one per step of this fit()
     evals: list[dict[str, float]] = field(default_factory=list)
     seconds: float = 0.0
     step_ms: list[float] = field(default_factory=list)
+    nonfinite_steps: int = 0
+    overflow_steps: int = 0
+    best_val_loss: float | None = None
+    best_step: int | None = None
+    stopped_early: bool = False
+    last_checkpoint: Path | None = None
 
     @property
     def final_val_loss(self) -> float:
@@ -73,6 +109,15 @@ class TrainResult:
             return float("nan")
         ordered = sorted(self.step_ms)
         return ordered[len(ordered) // 2]
+
+
+@dataclass
+class _StepOutcome:
+    loss: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    status: str  # "ok", "skipped" (non-finite: guard), "overflow" (fp16: the scaler skipped)
 
 
 class Trainer:
@@ -87,18 +132,36 @@ class Trainer:
         forward_fn: Callable[[nn.Module, Batch], Tensor] = default_forward,
         callbacks: Iterable[Any] = (),
         progress: bool = True,
+        checkpoints: CheckpointManager | None = None,
+        chars_per_token: float | None = None,
     ) -> None:
         self.cfg = cfg
         self.device = pick_device(cfg.device)
         self.model = model.to(self.device)
+        self.precision = resolve_precision(cfg.precision, self.device)
+        # Compile a wrapper for the forward pass only; checkpoints save the plain module, so
+        # their names carry no ``_orig_mod.`` prefix.
+        self.forward_model: nn.Module = torch.compile(self.model) if cfg.compile else self.model
         self.train_batch = train_batch
         self.val_batches = list(val_batches)
         self.loss_fn = loss_fn
         self.forward_fn = forward_fn
         self.callbacks = list(callbacks)
         self.progress = progress
+        self.checkpoints = checkpoints
+        self.chars_per_token = chars_per_token
         self.optimizer = build_optimizer(self.model, cfg)
-        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # the data position
+        # Counters that make up the trainer state besides optimizer and RNGs.
+        self.step = 0
+        self.best_val_loss: float | None = None
+        self.best_step: int | None = None
+        self.evals_since_best = 0
+        self.nonfinite_steps = 0
+        self.overflow_steps = 0
+        self.tokens_seen = 0
+        self.elapsed_seconds = 0.0
+        self.finished = False
 
     def _emit(self, hook: str, *args: Any) -> None:
         for cb in self.callbacks:
@@ -106,9 +169,133 @@ class Trainer:
             if fn is not None:
                 fn(*args)
 
+    # -- state --------------------------------------------------------------------------
+    def state_dict(self) -> TrainerState:
+        """Everything beyond the weights that the next step depends on, as tensors + JSON."""
+        opt = flatten_optimizer(self.optimizer)
+        rng = capture_rng(self.generator)
+        scaler = self.precision.scaler
+        meta = {
+            "step": self.step,
+            "best_val_loss": self.best_val_loss,
+            "best_step": self.best_step,
+            "evals_since_best": self.evals_since_best,
+            "nonfinite_steps": self.nonfinite_steps,
+            "overflow_steps": self.overflow_steps,
+            "tokens_seen": self.tokens_seen,
+            "elapsed_seconds": self.elapsed_seconds,
+            "finished": self.finished,
+            "precision": self.precision.name,
+            "optimizer": opt.meta,
+            "rng": rng.meta,
+            "scaler": None if scaler is None else dict(scaler.state_dict()),
+        }
+        return TrainerState({**opt.tensors, **rng.tensors}, meta)
+
+    def load_state_dict(self, state: TrainerState) -> None:
+        """Inverse of ``state_dict``; ``TrainerStateError`` if it does not fit."""
+        meta = state.meta
+        try:
+            step = meta["step"]
+            counters = {k: meta[k] for k in ("evals_since_best", "nonfinite_steps",
+                                             "overflow_steps", "tokens_seen")}
+            best_val, best_step = meta["best_val_loss"], meta["best_step"]
+            elapsed, finished = float(meta["elapsed_seconds"]), bool(meta["finished"])
+            opt_meta, rng_meta, scaler_state = meta["optimizer"], meta["rng"], meta["scaler"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise TrainerStateError(f"trainer state lacks or mangles {err}") from None
+        for name, value in {"step": step, **counters}.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise TrainerStateError(f"{name} must be an int >= 0; got {value!r}")
+        restore_optimizer(self.optimizer, TrainerState(state.tensors, opt_meta))
+        restore_rng(self.generator, TrainerState(state.tensors, rng_meta))
+        scaler = self.precision.scaler
+        if scaler is not None and scaler_state:
+            scaler.load_state_dict(scaler_state)
+        self.step = step
+        self.best_val_loss = None if best_val is None else float(best_val)
+        self.best_step = best_step
+        self.evals_since_best = counters["evals_since_best"]
+        self.nonfinite_steps = counters["nonfinite_steps"]
+        self.overflow_steps = counters["overflow_steps"]
+        self.tokens_seen = counters["tokens_seen"]
+        self.elapsed_seconds = elapsed
+        self.finished = finished
+
+    def resume(self, path: str | Path) -> CheckpointInfo:
+        """Load weights and trainer state from a checkpoint folder: the next ``fit`` continues
+        exactly where the saved run was."""
+        info = verify_checkpoint(path)
+        load_weights(self.model, info.path, verify=False)
+        state = read_trainer_state(info.path, verify=False)
+        try:
+            self.load_state_dict(state)
+        except TrainerStateError as err:
+            raise CheckpointError(f"{info.path}/trainer_state.*: {err}") from None
+        if self.step != info.step:
+            raise CheckpointError(f"{info.path}: trainer state says step {self.step}, the "
+                                  f"commit marker says {info.step}")
+        return info
+
+    # -- one step -------------------------------------------------------------------------
+    def accumulate_gradients(self, micro_batches: Sequence[Batch]) -> Tensor:
+        """Backward over micro-batches, each loss weighted by its share of target tokens, so
+        the summed gradient equals that of one batch holding them all. Returns the combined
+        loss, a detached 0-d tensor."""
+        if not micro_batches:
+            raise ValueError("accumulate_gradients needs at least one micro-batch; got none")
+        if len(micro_batches) == 1:
+            weights: list[float | None] = [None]
+        else:
+            counts = [b.num_tokens for b in micro_batches]
+            total = sum(counts)
+            weights = [c / max(total, 1) for c in counts]
+        scaler = self.precision.scaler
+        combined: Tensor | None = None
+        for batch, weight in zip(micro_batches, weights, strict=True):
+            with self.precision.autocast():
+                logits = self.forward_fn(self.forward_model, batch)
+                loss = self.loss_fn(logits, batch.targets)  # 0-d
+            if weight is not None:
+                loss = loss * weight
+            (loss if scaler is None else scaler.scale(loss)).backward()
+            part = loss.detach().float()
+            combined = part if combined is None else combined + part
+        assert combined is not None
+        return combined
+
+    def _train_step(self) -> _StepOutcome:
+        cfg = self.cfg
+        lr = lr_at(self.step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        micro = [self.train_batch(self.generator).to(self.device)
+                 for _ in range(cfg.grad_accum_steps)]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = float(self.accumulate_gradients(micro))
+        scaler = self.precision.scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)  # clip and report the true gradient norm
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+        status = "ok"
+        if not math.isfinite(loss):
+            status = "skipped"
+        elif not math.isfinite(grad_norm):
+            status = "overflow" if scaler is not None else "skipped"
+        if scaler is not None:
+            if status != "skipped":
+                scaler.step(self.optimizer)  # skips by itself when the gradients overflowed
+            scaler.update()
+        elif status == "ok":
+            self.optimizer.step()
+        tokens = sum(b.num_tokens for b in micro)
+        return _StepOutcome(loss, grad_norm, lr, tokens, status)
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Token-weighted validation loss, perplexity and bits per token."""
+        """Token-weighted validation loss, perplexity and bits per token (and per character
+        when ``chars_per_token`` is known)."""
         if not self.val_batches:
             return {}
         was_training = self.model.training
@@ -116,60 +303,125 @@ class Trainer:
         total, count = 0.0, 0
         for batch in self.val_batches:
             batch = batch.to(self.device)
-            logits = self.forward_fn(self.model, batch)
+            with self.precision.autocast():
+                logits = self.forward_fn(self.forward_model, batch)
+                loss = self.loss_fn(logits, batch.targets)
             n = batch.num_tokens
-            total += float(self.loss_fn(logits, batch.targets)) * n
+            total += float(loss) * n
             count += n
         self.model.train(was_training)
         loss = total / max(count, 1)
-        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
-                "val_bits_per_token": loss / math.log(2)}
+        metrics = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
+                   "val_bits_per_token": loss / math.log(2)}
+        if self.chars_per_token:
+            metrics["val_bits_per_char"] = loss / math.log(2) / self.chars_per_token
+        return metrics
 
-    def fit(self) -> TrainResult:
+    def _track_best(self, val_loss: float) -> bool:
+        if math.isfinite(val_loss) and (self.best_val_loss is None
+                                        or val_loss < self.best_val_loss):
+            self.best_val_loss, self.best_step, self.evals_since_best = val_loss, self.step, 0
+            return True
+        self.evals_since_best += 1
+        return False
+
+    def _save(self, result: TrainResult, elapsed_base: float, start: float) -> None:
+        assert self.checkpoints is not None
+        self.elapsed_seconds = elapsed_base + time.perf_counter() - start
+        result.last_checkpoint = self.checkpoints.save(
+            self.step, self.model, self.state_dict(), best_step=self.best_step,
+            best_val_loss=self.best_val_loss)
+
+    def _nonfinite_message(self, outcome: _StepOutcome) -> str:
+        latest = self.checkpoints.latest() if self.checkpoints is not None else None
+        where = f"the last good checkpoint is {latest.path}" if latest else "no checkpoint yet"
+        return (f"stopped at step {self.step}: {self.nonfinite_steps} steps had a non-finite "
+                f"loss or gradient norm (the limit is max_nonfinite_steps="
+                f"{self.cfg.max_nonfinite_steps}; the last had loss={outcome.loss}, "
+                f"grad_norm={outcome.grad_norm}). None of them changed the weights; {where}. "
+                f"Try a lower --lr, --precision fp32, or check the data.")
+
+    # -- the loop -------------------------------------------------------------------------
+    def fit(self, stop_at: int | None = None) -> TrainResult:
+        """Train from the current step to ``cfg.max_steps`` (or pause at ``stop_at``, with a
+        checkpoint there, to be resumed later)."""
         cfg = self.cfg
-        result = TrainResult(steps=cfg.max_steps)
+        end = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
+        ckpt_every = cfg.effective_checkpoint_interval
+        result = TrainResult(steps=self.step, start_step=self.step)
+        if self.checkpoints is not None:
+            self.checkpoints.remove_stale()
         self.model.train()
-        start = time.perf_counter()
-        bar = tqdm(range(cfg.max_steps), disable=not self.progress, dynamic_ncols=True,
-                   desc="train", mininterval=1.0)
-        tokens_since, time_since = 0, time.perf_counter()
-        for step in bar:
-            t0 = time.perf_counter()
-            lr = lr_at(step, cfg)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            batch = self.train_batch(self.generator).to(self.device)
-            logits = self.forward_fn(self.model, batch)
-            loss = self.loss_fn(logits, batch.targets)
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(
-                self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
-            self.optimizer.step()
-            loss_value = float(loss.detach())
-            result.step_ms.append((time.perf_counter() - t0) * 1000.0)
-            result.train_losses.append(loss_value)
-            tokens_since += batch.num_tokens
-
-            last = step == cfg.max_steps - 1
-            if (step + 1) % cfg.log_interval == 0 or last:
-                now = time.perf_counter()
-                metrics = {"step": step + 1, "loss": loss_value, "lr": lr,
-                           "grad_norm": grad_norm,
-                           "tokens_per_s": tokens_since / max(now - time_since, 1e-9)}
-                tokens_since, time_since = 0, now
-                bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{lr:.2e}",
-                                tok_s=f"{metrics['tokens_per_s']:.0f}")
-                self._emit("on_log", step + 1, metrics)
-            if (step + 1) % cfg.eval_interval == 0 or last:
-                metrics = {"step": step + 1, **self.evaluate()}
-                if len(metrics) > 1:
-                    result.evals.append(metrics)
-                    bar.write(f"step {step + 1:>6}: train loss {loss_value:.4f}  "
-                              f"val loss {metrics['val_loss']:.4f}")
-                    self._emit("on_eval", step + 1, metrics)
-        bar.close()
+        start, elapsed_base = time.perf_counter(), self.elapsed_seconds
+        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not self.progress,
+                   dynamic_ncols=True, desc="train", mininterval=1.0)
+        tokens_since, time_since, steps_since = 0, time.perf_counter(), 0
+        stop_early = False
+        try:
+            while self.step < end and not stop_early:
+                t0 = time.perf_counter()
+                out = self._train_step()
+                self.step += 1
+                step = self.step
+                result.step_ms.append((time.perf_counter() - t0) * 1000.0)
+                result.train_losses.append(out.loss)
+                tokens_since += out.tokens
+                steps_since += 1
+                self.tokens_seen += out.tokens
+                bar.update(1)
+                final = step >= cfg.max_steps
+                if out.status == "overflow":
+                    self.overflow_steps += 1
+                if out.status == "skipped":
+                    self.nonfinite_steps += 1
+                    self._emit("on_log", step, {
+                        "step": step, "loss": out.loss, "lr": out.lr, "grad_norm": out.grad_norm,
+                        "skipped": True, "nonfinite_steps": self.nonfinite_steps})
+                    if self.nonfinite_steps >= cfg.max_nonfinite_steps:
+                        raise NonFiniteError(self._nonfinite_message(out))
+                elif step % cfg.log_interval == 0 or final:
+                    now = time.perf_counter()
+                    metrics = {"step": step, "loss": out.loss, "lr": out.lr,
+                               "grad_norm": out.grad_norm,
+                               "tokens_per_s": tokens_since / max(now - time_since, 1e-9),
+                               "ms_per_step": (now - time_since) * 1000.0 / steps_since,
+                               "nonfinite_steps": self.nonfinite_steps}
+                    if self.precision.scaler is not None:
+                        metrics["overflow_steps"] = self.overflow_steps
+                    tokens_since, time_since, steps_since = 0, now, 0
+                    bar.set_postfix(loss=f"{out.loss:.3f}", lr=f"{out.lr:.2e}",
+                                    tok_s=f"{metrics['tokens_per_s']:.0f}")
+                    self._emit("on_log", step, metrics)
+                improved = False
+                if step % cfg.eval_interval == 0 or final:
+                    metrics = self.evaluate()
+                    if metrics:
+                        improved = self._track_best(metrics["val_loss"])
+                        metrics = {"step": step, **metrics, "best_val_loss": self.best_val_loss}
+                        result.evals.append(metrics)
+                        bar.write(f"step {step:>6}: train loss {out.loss:.4f}  "
+                                  f"val loss {metrics['val_loss']:.4f}")
+                        self._emit("on_eval", step, metrics)
+                        patience = cfg.early_stopping_patience
+                        if patience and self.evals_since_best >= patience:
+                            stop_early = True
+                            bar.write(f"early stopping at step {step}: no better validation "
+                                      f"loss in {patience} evaluations (best "
+                                      f"{self.best_val_loss:.4f} at step {self.best_step})")
+                self.finished = final or stop_early
+                # A skipped step is no place for a checkpoint: keep the last healthy one.
+                due = (step % ckpt_every == 0 or improved) and out.status != "skipped"
+                if self.checkpoints is not None and (due or self.finished or step == end):
+                    self._save(result, elapsed_base, start)
+                crash_point("step", step)
+        finally:
+            bar.close()
+            self.elapsed_seconds = elapsed_base + time.perf_counter() - start
+        result.steps = self.step
         result.seconds = time.perf_counter() - start
+        result.nonfinite_steps, result.overflow_steps = self.nonfinite_steps, self.overflow_steps
+        result.best_val_loss, result.best_step = self.best_val_loss, self.best_step
+        result.stopped_early = stop_early
         self.model.eval()
         self._emit("on_end", result)
         return result
