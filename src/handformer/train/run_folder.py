@@ -5,6 +5,7 @@
       config.json         {"model": ModelConfig, "train": TrainConfig, ...}
       tokenizer.json      the tokenizer's vocabulary
       metrics.jsonl       one JSON object per logged / evaluated step
+      summary.json, loss_curve.png, checkpoints/   written by ``lm_run`` (see checkpoint.py)
 
 Every file is written to a temporary sibling and renamed into place, so a crash mid-save
 leaves the previous file intact.
@@ -25,6 +26,7 @@ from torch import nn
 from handformer.config import ModelConfig, TrainConfig
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer, atomic_write_text, load_tokenizer
+from handformer.train.callbacks import MetricsWriter  # re-exported: it used to live here
 
 __all__ = ["MetricsWriter", "RunFolderError", "load_run", "save_run"]
 
@@ -93,22 +95,3 @@ def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[DecoderLM, Ch
         raise RunFolderError(f"{run_dir / WEIGHTS}: cannot load weights ({err})") from None
     model.to(device).eval()
     return model, tokenizer, config
-
-
-class MetricsWriter:
-    """Trainer callback: one JSON line per log/eval event, flushed as it happens."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text("", encoding="utf-8")
-
-    def _write(self, kind: str, metrics: dict[str, float]) -> None:
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"kind": kind, **metrics}) + "\n")
-
-    def on_log(self, step: int, metrics: dict[str, float]) -> None:
-        self._write("train", metrics)
-
-    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
-        self._write("eval", metrics)
