@@ -18,26 +18,58 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from handformer.config import PRESETS
+    from handformer.config import PRECISIONS, PRESETS
 
     parser = argparse.ArgumentParser(
         prog="handformer", description="A Transformer written by hand: train, sample, inspect.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a character-level language model")
+    train = sub.add_parser(
+        "train", help="train a character-level language model (or --resume one)",
+        description="Train a character LM and write a run folder; --resume RUN_DIR continues "
+        "a run exactly from its newest checkpoint.")
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: Python's built-in documentation text)")
-    train.add_argument("--out", type=Path, default=Path("runs/default"),
+    train.add_argument("--out", type=Path, default=None,
                        help="run folder to write (default: runs/default)")
-    train.add_argument("--preset", default="default", choices=sorted(PRESETS),
+    train.add_argument("--preset", default=None, choices=sorted(PRESETS),
                        help="model + training recipe (default: default)")
+    train.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
+                       help="continue RUN_DIR from its newest checkpoint; the recipe, "
+                       "tokenizer and data come from the run folder (only --max-steps and "
+                       "--no-progress may be given)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace an unfinished run in --out instead of refusing")
     train.add_argument("--max-steps", type=_positive_int, default=None)
-    train.add_argument("--batch-size", type=_positive_int, default=None)
+    train.add_argument("--batch-size", type=_positive_int, default=None,
+                       help="micro-batch size (windows per forward pass)")
+    train.add_argument("--grad-accum", type=_positive_int, default=None, metavar="N",
+                       help="accumulate N micro-batches per optimizer step")
     train.add_argument("--lr", type=float, default=None)
     train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--dropout", type=float, default=None)
     train.add_argument("--device", default=None, help="auto (default), cpu, cuda, mps")
+    train.add_argument("--precision", choices=PRECISIONS, default=None,
+                       help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "
+                       "(cuda)")
+    train.add_argument("--compile", action="store_true", default=None,
+                       help="compile the model with torch.compile")
     train.add_argument("--attention", choices=("manual", "sdpa"), default=None)
     train.add_argument("--positional", choices=("sinusoidal", "learned"), default=None)
+    train.add_argument("--log-interval", type=_positive_int, default=None)
+    train.add_argument("--eval-interval", type=_positive_int, default=None)
+    train.add_argument("--checkpoint-interval", type=_positive_int, default=None,
+                       help="steps between checkpoints (default: at every evaluation)")
+    train.add_argument("--keep-last", type=_positive_int, default=None,
+                       help="checkpoints to keep besides the best (default 3)")
+    train.add_argument("--patience", type=_positive_int, default=None,
+                       help="stop after this many evaluations without a better val loss")
+    train.add_argument("--max-nonfinite", type=_positive_int, default=None,
+                       help="stop after this many steps with a NaN/Inf loss or gradient")
+    train.add_argument("--tensorboard", action="store_true", default=None,
+                       help="also log to RUN_DIR/tensorboard (needs handformer[tensorboard])")
+    train.add_argument("--no-plot", action="store_true",
+                       help="do not draw loss_curve.png")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
     gen = sub.add_parser("generate", help="sample text from a trained run folder")
@@ -51,30 +83,72 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_RESUME_ALLOWED = {"resume", "max_steps", "no_progress", "command"}
+
+
+def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
+    given = {
+        "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
+        "seed": args.seed, "device": args.device, "grad_accum_steps": args.grad_accum,
+        "precision": args.precision, "compile": args.compile,
+        "log_interval": args.log_interval, "eval_interval": args.eval_interval,
+        "checkpoint_interval": args.checkpoint_interval, "keep_last": args.keep_last,
+        "early_stopping_patience": args.patience, "max_nonfinite_steps": args.max_nonfinite,
+        "tensorboard": args.tensorboard, "loss_curve": False if args.no_plot else None,
+    }
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if args.max_steps is not None and args.eval_interval is None:
+        # Keep the recipe's shape on shorter runs: warm-up and evaluation fit inside them.
+        overrides["eval_interval"] = max(1, min(250, args.max_steps // 4))
+    return overrides
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from handformer.corpora import builtin_text, read_text_file
-    from handformer.train.lm_run import train_char_lm
+    from handformer.train.callbacks import MissingExtraError
+    from handformer.train.lm_run import BUILTIN_SOURCE, resume_char_lm, train_char_lm
+    from handformer.train.trainer import NonFiniteError
 
-    text = builtin_text() if args.data is None else read_text_file(args.data)
-    source = "built-in Python documentation text" if args.data is None else str(args.data)
-    train_overrides = {k: v for k, v in {
-        "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
-        "seed": args.seed, "device": args.device}.items() if v is not None}
-    if args.max_steps is not None:
-        # Keep the recipe's shape on shorter runs: warm-up and evaluation fit inside them.
-        train_overrides.setdefault("eval_interval", max(1, min(250, args.max_steps // 4)))
-    model_overrides = {k: v for k, v in {
-        "attention": args.attention, "positional": args.positional}.items() if v is not None}
-    print(f"training on {source} ({len(text):,} characters), preset {args.preset!r}",
-          flush=True)
-    run = train_char_lm(text, out_dir=args.out, preset=args.preset,
-                        model_overrides=model_overrides, train_overrides=train_overrides,
-                        progress=not args.no_progress)
+    try:
+        if args.resume is not None:
+            extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                           if k not in _RESUME_ALLOWED and v not in (None, False))
+            if extra:
+                raise ValueError(f"--resume takes the recipe from the run folder; it accepts "
+                                 f"only --max-steps and --no-progress, got {extra}")
+            print(f"resuming {args.resume}", flush=True)
+            run = resume_char_lm(args.resume, max_steps=args.max_steps,
+                                 progress=not args.no_progress)
+            print(f"resumed from step {run.resumed_from}")
+        else:
+            text = builtin_text() if args.data is None else read_text_file(args.data)
+            source = "built-in Python documentation text" if args.data is None else str(args.data)
+            preset = args.preset or "default"
+            model_overrides = {k: v for k, v in {
+                "attention": args.attention, "positional": args.positional,
+                "dropout": args.dropout}.items() if v is not None}
+            print(f"training on {source} ({len(text):,} characters), preset {preset!r}",
+                  flush=True)
+            run = train_char_lm(
+                text, out_dir=args.out or Path("runs/default"), preset=preset,
+                model_overrides=model_overrides, train_overrides=_train_overrides(args),
+                progress=not args.no_progress, overwrite=args.overwrite,
+                data_source=BUILTIN_SOURCE if args.data is None else str(args.data.resolve()))
+    except MissingExtraError as err:
+        print(f"handformer train: error: {err}", file=sys.stderr)
+        return 2
+    except NonFiniteError as err:
+        print(f"handformer train: error: {err}", file=sys.stderr)
+        return 3
     r = run.result
     print(f"\nparameters: {run.model.num_parameters():,}   steps: {r.steps}   "
           f"time: {r.seconds:.1f}s   median step: {r.median_step_ms:.1f} ms")
     print(f"validation loss: {r.final_val_loss:.4f} nats/token "
           f"(unigram baseline {run.unigram_loss:.4f})")
+    if r.best_step is not None:
+        print(f"best validation loss: {r.best_val_loss:.4f} at step {r.best_step}")
+    if r.nonfinite_steps:
+        print(f"skipped steps (non-finite loss or gradient): {r.nonfinite_steps}")
     print(f"run folder: {run.run_dir}")
     print("\n--- sample ---")
     print(run.sample)

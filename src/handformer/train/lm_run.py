@@ -1,13 +1,23 @@
 """The main job, wired end to end: text → tokenizer → windows → DecoderLM → Trainer → run.
 
-The CLI's ``handformer train`` is a thin shell around ``train_char_lm``.
+    RUN_DIR/
+      model.safetensors, config.json, tokenizer.json   the final model (``generate`` loads it)
+      metrics.jsonl, summary.json, loss_curve.png      what happened
+      checkpoints/step-…/                              resumable checkpoints (see checkpoint.py)
+      tensorboard/                                     with --tensorboard
+
+The CLI's ``handformer train`` is a thin shell around ``train_char_lm`` and
+``resume_char_lm``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,14 +26,33 @@ import numpy as np
 import torch
 
 from handformer.config import ModelConfig, TrainConfig, get_preset
+from handformer.corpora import builtin_text, read_text_file
 from handformer.data import LMWindows, train_val_split
 from handformer.generate import generate
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
-from handformer.train.run_folder import METRICS, MetricsWriter, save_run
+from handformer.train.callbacks import (
+    LossCurvePlot,
+    MetricsWriter,
+    TensorBoardLogger,
+    require_tensorboard,
+)
+from handformer.train.checkpoint import (
+    CheckpointError,
+    CheckpointInfo,
+    CheckpointManager,
+    list_checkpoints,
+    read_checkpoint_json,
+    verify_checkpoint,
+)
+from handformer.train.run_folder import METRICS, save_run
 from handformer.train.trainer import Trainer, TrainResult
 
-__all__ = ["LMRun", "build_configs", "train_char_lm"]
+__all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_char_lm", "train_char_lm"]
+
+CHECKPOINTS, LOSS_CURVE, TENSORBOARD, SUMMARY = (
+    "checkpoints", "loss_curve.png", "tensorboard", "summary.json")
+BUILTIN_SOURCE = "builtin:pydoc_data.topics"
 
 
 @dataclass
@@ -36,6 +65,7 @@ class LMRun:
     result: TrainResult
     unigram_loss: float
     sample: str
+    resumed_from: int | None = None
 
 
 def build_configs(
@@ -66,6 +96,130 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+# -- where the text came from (so --resume can find it again, and knows it is unchanged) ---
+def _fingerprint(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def data_record(text: str, source: str | None) -> dict[str, Any]:
+    return {"source": source, "sha256": _fingerprint(text), "characters": len(text)}
+
+
+def load_recorded_text(record: dict[str, Any] | None, run_dir: Path) -> str:
+    """Read the training text again and check that it is the text the run started on."""
+    source = (record or {}).get("source")
+    if not source:
+        raise ValueError(f"{run_dir} was trained on text passed in from Python, not a file; "
+                         "pass the same text again: resume_char_lm(run_dir, text=...)")
+    text = builtin_text() if source == BUILTIN_SOURCE else read_text_file(source)
+    assert record is not None
+    if _fingerprint(text) != record.get("sha256"):
+        what = "the built-in text (another Python version?)" if source == BUILTIN_SOURCE \
+            else source
+        raise ValueError(f"{what} changed since the run in {run_dir} started (sha256 "
+                         f"{record.get('sha256')} then, {_fingerprint(text)} now); resuming "
+                         "on different text would not continue the same run")
+    return text
+
+
+# -- run folders ----------------------------------------------------------------------------
+def _is_finished(info: CheckpointInfo) -> bool:
+    try:
+        return read_checkpoint_json(info.path, "trainer_state.json", verify=False).get(
+            "finished") is True
+    except CheckpointError:
+        return False
+
+
+def prepare_fresh_run_dir(out_dir: Path, *, overwrite: bool) -> None:
+    """A fresh run replaces a *finished* earlier run in ``out_dir``; an unfinished one (a
+    crash, a kill) is kept unless ``overwrite``, since it is what ``--resume`` needs."""
+    found = list_checkpoints(out_dir / CHECKPOINTS)
+    if found and not overwrite and not _is_finished(found[-1]):
+        raise ValueError(
+            f"{out_dir} holds an unfinished run (last checkpoint: step {found[-1].step}); "
+            f"continue it with `handformer train --resume {out_dir}`, or pass --overwrite "
+            "to replace it")
+    for sub in (CHECKPOINTS, TENSORBOARD):
+        if (out_dir / sub).exists():
+            shutil.rmtree(out_dir / sub)
+
+
+def _checkpoint_files(model_cfg: ModelConfig, train_cfg: TrainConfig,
+                      tokenizer: CharTokenizer, data: dict[str, Any]) -> dict[str, str]:
+    """config.json and tokenizer.json as in the run root, so ``generate --run`` works on any
+    checkpoint folder too."""
+    config = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": data}
+    return {"config.json": json.dumps(config, indent=2, sort_keys=True),
+            "tokenizer.json": json.dumps(tokenizer.to_dict())}
+
+
+def _run(text: str, tokenizer: CharTokenizer, model: DecoderLM, model_cfg: ModelConfig,
+         train_cfg: TrainConfig, out_dir: Path, data: dict[str, Any], *,
+         resume: CheckpointInfo | None, progress: bool, sample_prompt: str,
+         sample_tokens: int) -> LMRun:
+    ids = tokenizer.encode_array(text)
+    train_ids, val_ids = train_val_split(ids, train_cfg.val_fraction)
+    train_windows = LMWindows(train_ids, train_cfg.block_size, name="training split")
+    val_windows = LMWindows(val_ids, train_cfg.block_size, name="validation split")
+    val_batches = val_windows.fixed_batches(train_cfg.eval_batches, train_cfg.batch_size)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manager = CheckpointManager(out_dir / CHECKPOINTS, keep_last=train_cfg.keep_last,
+                                files=_checkpoint_files(model_cfg, train_cfg, tokenizer, data))
+    trainer = Trainer(
+        model,
+        train_cfg,
+        train_batch=lambda g: train_windows.random_batch(train_cfg.batch_size, g),
+        val_batches=val_batches,
+        progress=progress,
+        checkpoints=manager,
+        chars_per_token=1.0,  # a character tokenizer: one token is one character
+    )
+    if resume is not None:
+        trainer.resume(resume.path)
+    resume_step = None if resume is None else resume.step
+    callbacks: list[Any] = [MetricsWriter(out_dir / METRICS, resume_step=resume_step)]
+    if train_cfg.loss_curve:
+        callbacks.append(LossCurvePlot(out_dir / METRICS, out_dir / LOSS_CURVE,
+                                       title=f"{out_dir.name}: loss per token"))
+    if train_cfg.tensorboard:
+        callbacks.append(TensorBoardLogger(out_dir / TENSORBOARD, resume_step=resume_step))
+    trainer.callbacks = callbacks
+
+    result = trainer.fit()
+    baseline = unigram_loss(train_ids, val_ids, tokenizer.vocab_size)
+    best = result.best_step
+    summary = {
+        "final_val_loss": result.final_val_loss,
+        "best_val_loss": result.best_val_loss,
+        "best_step": best,
+        "best_checkpoint": None if best is None else f"{CHECKPOINTS}/step-{best:08d}",
+        "unigram_val_loss": baseline,
+        "ln_vocab": math.log(tokenizer.vocab_size),
+        "steps": result.steps,
+        "resumed_from_step": resume_step,
+        "stopped_early": result.stopped_early,
+        "nonfinite_steps": result.nonfinite_steps,
+        "precision": train_cfg.precision,
+        "compile": train_cfg.compile,
+        "seconds": result.seconds,
+        "total_seconds": trainer.elapsed_seconds,
+        "median_step_ms": result.median_step_ms,
+        "parameters": model.num_parameters(),
+    }
+    save_run(out_dir, model, model_cfg, tokenizer, train_cfg,
+             extra={"summary": summary, "data": data})
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+
+    prompt = torch.tensor([tokenizer.encode(sample_prompt)], dtype=torch.long)
+    sample_ids = generate(model, prompt, sample_tokens, temperature=0.8, top_k=None,
+                          seed=train_cfg.seed)
+    sample = tokenizer.decode(sample_ids[0].tolist())
+    return LMRun(out_dir, model, tokenizer, model_cfg, train_cfg, result, baseline, sample,
+                 resume_step)
+
+
 def train_char_lm(
     text: str,
     *,
@@ -76,43 +230,68 @@ def train_char_lm(
     progress: bool = True,
     sample_prompt: str = "\n",
     sample_tokens: int = 200,
+    data_source: str | None = None,
+    overwrite: bool = False,
 ) -> LMRun:
+    """Train a fresh character LM. ``data_source`` (a file path or ``BUILTIN_SOURCE``) is
+    recorded so that ``resume_char_lm`` can read the same text again."""
     tokenizer = CharTokenizer.from_text(text)
     model_cfg, train_cfg = build_configs(preset, tokenizer.vocab_size, model_overrides,
                                          train_overrides)
-    seed_everything(train_cfg.seed)
-    ids = tokenizer.encode_array(text)
-    train_ids, val_ids = train_val_split(ids, train_cfg.val_fraction)
-    train_windows = LMWindows(train_ids, train_cfg.block_size, name="training split")
-    val_windows = LMWindows(val_ids, train_cfg.block_size, name="validation split")
-    val_batches = val_windows.fixed_batches(train_cfg.eval_batches, train_cfg.batch_size)
-
-    model = DecoderLM(model_cfg)
+    if train_cfg.tensorboard:
+        require_tensorboard()  # fail before anything is written or trained
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(
-        model,
-        train_cfg,
-        train_batch=lambda g: train_windows.random_batch(train_cfg.batch_size, g),
-        val_batches=val_batches,
-        callbacks=[MetricsWriter(out_dir / METRICS)],
-        progress=progress,
-    )
-    result = trainer.fit()
-    baseline = unigram_loss(train_ids, val_ids, tokenizer.vocab_size)
-    summary = {
-        "final_val_loss": result.final_val_loss,
-        "unigram_val_loss": baseline,
-        "ln_vocab": math.log(tokenizer.vocab_size),
-        "seconds": result.seconds,
-        "median_step_ms": result.median_step_ms,
-        "parameters": model.num_parameters(),
-    }
-    save_run(out_dir, model, model_cfg, tokenizer, train_cfg, extra={"summary": summary})
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    prepare_fresh_run_dir(out_dir, overwrite=overwrite)
+    seed_everything(train_cfg.seed)
+    model = DecoderLM(model_cfg)
+    return _run(text, tokenizer, model, model_cfg, train_cfg, out_dir,
+                data_record(text, data_source), resume=None, progress=progress,
+                sample_prompt=sample_prompt, sample_tokens=sample_tokens)
 
-    prompt = torch.tensor([tokenizer.encode(sample_prompt)], dtype=torch.long)
-    sample_ids = generate(model, prompt, sample_tokens, temperature=0.8, top_k=None,
-                          seed=train_cfg.seed)
-    sample = tokenizer.decode(sample_ids[0].tolist())
-    return LMRun(out_dir, model, tokenizer, model_cfg, train_cfg, result, baseline, sample)
+
+def resume_char_lm(
+    run_dir: str | Path,
+    *,
+    max_steps: int | None = None,
+    text: str | None = None,
+    progress: bool = True,
+    sample_prompt: str = "\n",
+    sample_tokens: int = 200,
+) -> LMRun:
+    """Continue a run from its newest committed checkpoint, exactly: configs, tokenizer and
+    data come from the run folder; ``max_steps`` may extend the run."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"run folder not found: {run_dir}")
+    found = list_checkpoints(run_dir / CHECKPOINTS)
+    if not found:
+        raise CheckpointError(f"{run_dir / CHECKPOINTS}: no committed checkpoint to resume from")
+    info = verify_checkpoint(found[-1].path)
+    config_file = info.path / "config.json"
+    config = read_checkpoint_json(info.path, "config.json", verify=False)
+    try:
+        model_cfg = ModelConfig.from_dict(config["model"])
+        train_cfg = TrainConfig.from_dict(config["train"])
+        tokenizer = CharTokenizer.from_dict(
+            read_checkpoint_json(info.path, "tokenizer.json", verify=False))
+    except (KeyError, TypeError, ValueError) as err:
+        if isinstance(err, CheckpointError):
+            raise
+        raise CheckpointError(f"{config_file} or tokenizer.json: cannot rebuild the run "
+                              f"({type(err).__name__}: {err})") from None
+    if max_steps is not None:
+        train_cfg = dataclasses.replace(train_cfg, max_steps=max_steps)
+    if info.step >= train_cfg.max_steps:
+        raise ValueError(f"{run_dir} already reached step {info.step} of max_steps="
+                         f"{train_cfg.max_steps}; pass --max-steps N with N > {info.step} to "
+                         "train further")
+    if train_cfg.tensorboard:
+        require_tensorboard()
+    data = config.get("data") or {}
+    if text is None:
+        text = load_recorded_text(data, run_dir)
+    elif _fingerprint(text) != data.get("sha256"):
+        raise ValueError(f"the text given differs from the one {run_dir} was trained on")
+    model = DecoderLM(model_cfg)
+    return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
+                progress=progress, sample_prompt=sample_prompt, sample_tokens=sample_tokens)
