@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -213,7 +214,10 @@ def test_report_text_and_json_carry_every_check_and_the_module_table() -> None:
     text = report.format_text()
     for _, name in CHECK_NAMES:
         assert f" {name}: " in text
-    assert "blocks.0.self_attn  MultiHeadAttention" in text
+    assert re.search(r"\n  blocks\.0 +TransformerBlock +\(4, 16, 32\) +\(4, 16, 32\)", text)
+    table = text.split("  PASS  batch:")[0]
+    assert "blocks.0.self_attn" not in table  # deeper rows only with max_module_depth=None
+    assert "\n  blocks.0.self_attn.in_proj " in report.format_text(max_module_depth=None)
     assert text.index("1. forward pass") < text.index("2. masks") < text.index("3. loss")
     data = json.loads(report.to_json())
     assert data["ok"] is True and len(data["checks"]) == len(CHECK_NAMES)

@@ -70,7 +70,8 @@ def test_config_file_flat_or_run_style(tmp_path: Path,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     flat = tmp_path / "model.json"
     flat.write_text(json.dumps({"d_model": 16, "n_heads": 2, "n_layers": 1, "max_len": 16}))
-    assert doctor(["--config", str(flat), "--json"]) == 0
+    assert doctor(["--config", str(flat), "--json", "--threads", "2"]) == 0
+    assert torch.get_num_threads() == 1  # the handler put the caller's setting back
     subject = json.loads(capsys.readouterr().out)["subject"]
     assert subject["config"]["d_model"] == 16 and subject["batch"] == [4, 16]
     assert subject["config"]["vocab_size"] == CharTokenizer.from_text(

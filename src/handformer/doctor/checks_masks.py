@@ -125,13 +125,13 @@ def check_data_padding_mask(subject: Subject) -> CheckResult:
 # -- behavioural: causality -----------------------------------------------------------------
 def probe_records(subject: Subject) -> list[AttentionRecord]:
     """Attention records of the unpadded probe batch (computed once, manual kernel)."""
-    if "probe_records" not in subject._cache:
+    if "probe_records" not in subject.memo:
         if not subject.attention:
-            subject._cache["probe_records"] = []
+            subject.memo["probe_records"] = []
         else:
             _, records = captured_forward(subject, subject.probe.ids)
-            subject._cache["probe_records"] = records
-    return subject._cache["probe_records"]
+            subject.memo["probe_records"] = records
+    return subject.memo["probe_records"]
 
 
 def effective_masks(records: list[AttentionRecord]) -> dict[str, Tensor]:
@@ -204,7 +204,7 @@ def padded_inputs(subject: Subject) -> tuple[Tensor, dict[str, tuple[Tensor, Ten
 
     n + k never exceeds the probe length, so the model's window is respected.
     """
-    if "padded" not in subject._cache:
+    if "padded" not in subject.memo:
         ids = subject.probe.ids  # (B, T)
         real = ids != subject.pad_id  # the probe pads by itself: the data's mask is not trusted
         row = ids[int(real.sum(1).argmax())]
@@ -218,11 +218,11 @@ def padded_inputs(subject: Subject) -> tuple[Tensor, dict[str, tuple[Tensor, Ten
         pads = torch.full((1, k), subject.pad_id, dtype=seq.dtype, device=seq.device)
         real = torch.ones(1, n, dtype=torch.bool, device=seq.device)
         none = torch.zeros(1, k, dtype=torch.bool, device=seq.device)
-        subject._cache["padded"] = (seq, {
+        subject.memo["padded"] = (seq, {
             "right": (torch.cat([seq, pads], 1), torch.cat([real, none], 1)),
             "left": (torch.cat([pads, seq], 1), torch.cat([none, real], 1)),
         })
-    return subject._cache["padded"]
+    return subject.memo["padded"]
 
 
 def _needs_padding(subject: Subject, name: str) -> CheckResult | None:

@@ -83,6 +83,11 @@ def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
+def _in_model_order(model: nn.Module, rows: dict[str, ModuleRow]) -> list[ModuleRow]:
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
+    return sorted(rows.values(), key=lambda r: order[r.name])
+
+
 def check_forward(subject: Subject) -> tuple[CheckResult, list[ModuleRow]]:
     """One forward pass on the probe batch with shape-recording hooks on every module."""
     rows: dict[str, ModuleRow] = {}
@@ -114,19 +119,16 @@ def check_forward(subject: Subject) -> tuple[CheckResult, list[ModuleRow]]:
             logits = subject.forward(subject.probe.ids, subject.probe.padding_mask
                                      if subject.accepts_padding_mask else None)
     except Exception as err:  # the failure is the finding
-        where = running[-1] if running else "(model)"
-        order = [n for n, _ in subject.model.named_modules()]
-        table = sorted(rows.values(), key=lambda r: order.index(r.name))
+        where = (running[-1] if running else "") or "(model)"
         return CheckResult(
             SECTION, "forward pass", Status.FAIL,
-            f"model(ids {(b, t)}) raised {type(err).__name__} inside module "
-            f"'{where or '(model)'}': {err}", hint, {"module": where}), table
+            f"model(ids {(b, t)}) raised {type(err).__name__} inside module '{where}': {err}",
+            hint, {"module": where}), _in_model_order(subject.model, rows)
     finally:
         for h in handles:
             h.remove()
-    order = [n for n, _ in subject.model.named_modules()]
-    table = sorted(rows.values(), key=lambda r: order.index(r.name))
-    subject._cache["probe_logits"] = logits
+    table = _in_model_order(subject.model, rows)
+    subject.memo["probe_logits"] = logits
     v = subject.vocab
     shape = tuple(logits.shape) if isinstance(logits, Tensor) else None
     details = {"logits_shape": list(shape) if shape else None, "expected": [b, t, v]}

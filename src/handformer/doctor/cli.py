@@ -59,6 +59,9 @@ def add_doctor_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     doc.add_argument("--learning-steps", type=_positive_int, default=60,
                      help="step budget for overfitting one batch (default 60)")
     doc.add_argument("--seed", type=int, default=0)
+    doc.add_argument("--threads", type=_positive_int, default=1,
+                     help="torch intra-op threads (default 1: the probe batches are tiny, and "
+                     "on a busy machine more threads make them several times slower)")
     doc.add_argument("--verbose", action="store_true",
                      help="show every module in the shape table")
     doc.set_defaults(handler=run_doctor)
@@ -148,8 +151,12 @@ def build_subject(args: argparse.Namespace) -> DoctorSubject:
 
 def run_doctor(args: argparse.Namespace) -> int:
     """The ``doctor`` handler: build the subject, run the checklist, print, return 0/1/2."""
+    import torch
+
     from handformer.doctor.runner import run
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
     try:
         s = build_subject(args)
         tok = s.tokenizer
@@ -161,9 +168,11 @@ def run_doctor(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:
         print(f"handformer doctor: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)
     report.subject["source"] = s.source
     if args.json:
         print(report.to_json())
     else:
-        print(report.format_text(max_module_depth=None if args.verbose else 3))
+        print(report.format_text(max_module_depth=None if args.verbose else 2))
     return report.exit_code

@@ -156,8 +156,14 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=str)
 
-    def format_text(self, *, max_module_depth: int | None = 3, width: int = 100) -> str:
-        """The terminal report: sections in tutorial order, the module table under shapes."""
+    def format_text(self, *, max_module_depth: int | None = 2, width: int = 100) -> str:
+        """The terminal report: sections in tutorial order, the module table under shapes.
+
+        The table shows modules up to ``max_module_depth`` (None: all) — all of them when the
+        forward pass failed, since then the deepest finished module is the clue.
+        """
+        if any(c.name == "forward pass" and c.status is Status.FAIL for c in self.checks):
+            max_module_depth = None
         lines: list[str] = []
         s = self.subject
         head = f"handformer doctor: {s.get('model', 'model')}"
@@ -198,7 +204,8 @@ class Report:
                   f"{m.params:,}") for m in rows]
         header = ("module", "type", "input", "output", "params")
         widths = [max(len(r[i]) for r in [header, *cells]) for i in range(5)]
-        out = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+        out = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+               .rstrip()]
         out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                 for r in cells]
         hidden = len(self.modules) - len(rows)

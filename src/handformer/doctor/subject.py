@@ -114,7 +114,7 @@ class Subject:
     accepts_padding_mask: bool = field(init=False)
     attention: dict[str, MultiHeadAttention] = field(init=False)
     has_cache: bool = field(init=False)
-    _cache: dict[str, Any] = field(init=False, default_factory=dict)
+    memo: dict[str, Any] = field(init=False, default_factory=dict)  # results checks share
 
     def __post_init__(self) -> None:
         if not self.batches:
@@ -147,12 +147,12 @@ class Subject:
 
     def probe_logits(self) -> Tensor:
         """The probe batch's logits (B, T, V), computed once without gradients."""
-        if "probe_logits" not in self._cache:
+        if "probe_logits" not in self.memo:
             with torch.no_grad():
-                self._cache["probe_logits"] = self.forward(
+                self.memo["probe_logits"] = self.forward(
                     self.probe.ids, self.probe.padding_mask if self.accepts_padding_mask
                     else None)
-        return self._cache["probe_logits"]
+        return self.memo["probe_logits"]
 
     @property
     def vocab(self) -> int:

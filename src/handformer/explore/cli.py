@@ -1,0 +1,85 @@
+"""``handformer explore --run DIR [--port P] [--host H] [--allow-remote] [--open]``.
+
+Registered into the main parser by ``add_explore_subcommand(subparsers)``; the handler
+returns an exit code (0 after Ctrl-C, 2 for a bad run folder, address or port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import webbrowser
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_PORT", "add_explore_subcommand", "run_explore"]
+
+DEFAULT_PORT = 8765
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number; got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port lies in [0, 65535]; got {value}")
+    return value
+
+
+def add_explore_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``explore`` to ``subparsers`` (from ``parser.add_subparsers()``); the parsed
+    namespace carries ``handler=run_explore``."""
+    parser = subparsers.add_parser(
+        "explore", help="look inside a run in the browser: attention, masks, KV cache",
+        description="Serve a local page that shows a run's attention weights and masks, "
+        "steps generation token by token with the KV cache, and plots the loss curve.")
+    parser.add_argument("--run", type=Path, required=True, help="run folder to explore")
+    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                        help=f"port to listen on (default {DEFAULT_PORT}; 0 = any free port)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1, this machine only)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a non-loopback --host: anyone who can reach it can use "
+                        "the model")
+    parser.add_argument("--open", action="store_true", help="open the page in a web browser")
+    parser.add_argument("--device", default="cpu", help="device to run the model on (cpu)")
+    parser.set_defaults(handler=run_explore)
+    return parser
+
+
+def run_explore(args: argparse.Namespace, *,
+                on_ready: Callable[[Any], None] | None = None) -> int:
+    """Load the run, listen, print the URL and serve until interrupted (or until
+    ``server.shutdown()``; ``on_ready(server)`` is called just before serving)."""
+    from handformer.explore.explorer import Explorer
+    from handformer.explore.runs import load_explore_run
+    from handformer.explore.server import ExploreServer, check_host
+
+    try:
+        check_host(args.host, args.allow_remote)  # before the model is loaded
+        run = load_explore_run(args.run, device=args.device)
+        explorer = Explorer(run)
+    except (ValueError, OSError) as err:
+        print(f"handformer explore: error: {err}", file=sys.stderr)
+        return 2
+    try:
+        server = ExploreServer(explorer, args.host, args.port, allow_remote=args.allow_remote)
+    except OSError as err:
+        print(f"handformer explore: error: cannot listen on {args.host}:{args.port} ({err}); "
+              "pick another --port (0 = any free port)", file=sys.stderr)
+        return 2
+    print(f"handformer explore: {run.kind} run {run.run_dir} at {server.url}  "
+          "(Ctrl-C to stop)", flush=True)
+    if args.open:
+        webbrowser.open(server.url)
+    try:
+        if on_ready is not None:
+            on_ready(server)
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("handformer explore: stopped", flush=True)
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,289 @@
+"""The explorer's web server: the standard library's ``ThreadingHTTPServer``, nothing else.
+
+* Binds to 127.0.0.1 by default and refuses any non-loopback address unless
+  ``allow_remote=True`` (``--allow-remote``): the page drives a model and reads a run folder.
+* When bound to loopback it also checks the ``Host`` header, so a web page elsewhere cannot
+  reach it through DNS rebinding; POST bodies must be ``application/json`` (a plain HTML
+  form from another site cannot send that without the browser asking first).
+* Request bodies over ``max_body`` bytes (64 KiB) are answered 413 without being parsed.
+* Every answer is JSON or one of the three shipped static files. Errors are
+  ``{"error": message}``: 400 for bad input, 500 with the exception's message for a bug —
+  the traceback goes to the server's log, never to the browser.
+
+Routes::
+
+    GET  /  /static/app.js  /static/style.css
+    GET  /api/info
+    POST /api/attention        {prompt, layer, head}
+    POST /api/batch            {sentences, layer, head, pad_side}
+    POST /api/generate/start   {prompt, layer, head, seed}
+    POST /api/generate/step    {session, layer, head, temperature, top_k}
+    POST /api/generate/view    {session, layer, head}
+
+``head`` is a head index or ``"all"``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import sys
+import traceback
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from handformer.explore.explorer import MAX_BATCH, Explorer
+from handformer.explore.generation import Generator
+from handformer.explore.payload import (
+    InputError,
+    get_float,
+    get_int,
+    get_optional_int,
+    get_str,
+    get_str_list,
+)
+
+__all__ = ["MAX_BODY", "ExploreServer", "RemoteBindError", "check_host", "is_loopback"]
+
+MAX_BODY = 64 * 1024
+_DRAIN_LIMIT = 1024 * 1024  # read (and drop) at most this much of a refused body
+STATIC_FILES = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/index.html": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+# The page loads only its own files: no CDN, no inline script.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'")
+
+
+class RemoteBindError(ValueError):
+    """Asked to listen on a non-loopback address without ``allow_remote``."""
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or a loopback IP literal (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, allow_remote: bool) -> None:
+    """Raise ``RemoteBindError`` for a non-loopback ``host`` unless ``allow_remote``."""
+    if not is_loopback(host) and not allow_remote:
+        raise RemoteBindError(
+            f"refusing to listen on {host!r}: it is not a loopback address, so other machines "
+            "could drive the model and read the run folder's config. Use 127.0.0.1 (the "
+            "default), or pass --allow-remote if you really mean it")
+
+
+def _head(body: dict[str, Any]) -> int | str:
+    head = body.get("head", 0)
+    if head == "all":
+        return "all"
+    if isinstance(head, bool) or not isinstance(head, int):
+        raise InputError(f"'head' must be a head index or 'all'; got {head!r}")
+    return head
+
+
+def _layer(body: dict[str, Any], explorer: Explorer) -> int:
+    return get_int(body, "layer", 0, explorer.n_layers - 1, default=0)
+
+
+class ExploreServer(ThreadingHTTPServer):
+    """One run's explorer behind HTTP. ``port=0`` picks a free port (see ``url``)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 0, *,
+                 allow_remote: bool = False, max_body: int = MAX_BODY,
+                 verbose: bool = False) -> None:
+        check_host(host, allow_remote)
+        self.explorer = explorer
+        self.generator = Generator(explorer)
+        self.check_host_header = is_loopback(host)
+        self.max_body = max_body
+        self.verbose = verbose
+        if ":" in host.strip("[]"):
+            self.address_family = socket.AF_INET6
+        super().__init__((host.strip("[]"), port), ExploreHandler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        shown = f"[{host}]" if ":" in str(host) else str(host)
+        return f"http://{shown}:{port}/"
+
+    def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
+        ex, gen = self.explorer, self.generator
+        return {
+            "/api/attention": lambda b: ex.attention(
+                get_str(b, "prompt"), _layer(b, ex), _head(b)),
+            "/api/batch": lambda b: ex.batch(
+                get_str_list(b, "sentences", MAX_BATCH), _layer(b, ex), _head(b),
+                get_str(b, "pad_side", "right")),
+            "/api/generate/start": lambda b: gen.start(
+                get_str(b, "prompt"), _layer(b, ex), _head(b),
+                get_int(b, "seed", 0, 2**63 - 1, default=0)),
+            "/api/generate/step": lambda b: gen.step(
+                get_str(b, "session"), _layer(b, ex), _head(b),
+                get_float(b, "temperature", 0.0, 100.0, default=1.0),
+                get_optional_int(b, "top_k", 1, 1 << 30)),
+            "/api/generate/view": lambda b: gen.show(
+                get_str(b, "session"), _layer(b, ex), _head(b)),
+        }
+
+
+class ExploreHandler(BaseHTTPRequestHandler):
+    """Maps requests to ``ExploreServer`` routes; turns every failure into a JSON error."""
+
+    server: ExploreServer
+    server_version = "handformer-explore"
+
+    # -- responses ------------------------------------------------------------------------
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.send_header("Content-Security-Policy", CSP)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _json(self, status: int, payload: dict[str, Any]) -> None:
+        body = json.dumps(payload, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        self._send(status, body, "application/json; charset=utf-8")
+
+    def _error(self, status: int, message: str) -> None:
+        self._json(status, {"error": message, "status": status})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    # -- checks ---------------------------------------------------------------------------
+    def _host_ok(self) -> bool:
+        if not self.server.check_host_header:
+            return True
+        host = (self.headers.get("Host") or "").strip()
+        if host.startswith("["):  # [::1]:port
+            name = host[1:host.find("]")] if "]" in host else host
+        else:
+            name = host.split(":", 1)[0]
+        if is_loopback(name):
+            return True
+        self._error(HTTPStatus.FORBIDDEN, f"unexpected Host header {host!r}: the explorer "
+                    "answers only requests addressed to localhost")
+        return False
+
+    def _read_body(self) -> dict[str, Any] | None:
+        """The JSON object in the body, or ``None`` after answering with an error."""
+        length_text = self.headers.get("Content-Length")
+        if self.headers.get("Transfer-Encoding") or length_text is None:
+            self.close_connection = True
+            self._error(HTTPStatus.LENGTH_REQUIRED, "a request body needs a Content-Length")
+            return None
+        try:
+            length = int(length_text)
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close_connection = True
+            self._error(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_text!r}")
+            return None
+        if length > self.server.max_body:
+            self.close_connection = True
+            self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                        f"request body of {length} bytes is over the limit of "
+                        f"{self.server.max_body} bytes: send a shorter text")
+            self._drain(length)
+            return None
+        raw = self.rfile.read(length)
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                        f"send JSON with Content-Type: application/json; got {content_type!r}")
+            return None
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            self._error(HTTPStatus.BAD_REQUEST, f"the request body is not valid JSON ({err})")
+            return None
+        if not isinstance(body, dict):
+            self._error(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object")
+            return None
+        return body
+
+    def _drain(self, length: int) -> None:
+        """Read a refused body (up to a bound) so the client can read the 413 instead of
+        seeing its connection reset mid-upload."""
+        remaining = min(length, _DRAIN_LIMIT)
+        try:
+            self.connection.settimeout(2.0)
+            while remaining > 0:
+                chunk = self.rfile.read(min(remaining, 65536))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+        except OSError:
+            pass
+
+    # -- methods --------------------------------------------------------------------------
+    def do_GET(self) -> None:
+        if not self._host_ok():
+            return
+        path = self.path.split("?", 1)[0]
+        try:
+            if path == "/api/info":
+                self._json(HTTPStatus.OK, self.server.explorer.info())
+            elif path in STATIC_FILES:
+                name, content_type = STATIC_FILES[path]
+                data = resources.files("handformer.explore").joinpath("static", name)
+                self._send(HTTPStatus.OK, data.read_bytes(), content_type)
+            elif path == "/favicon.ico":
+                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+            else:
+                self._error(HTTPStatus.NOT_FOUND, f"no page at {path!r}")
+        except Exception as err:  # a bug: report it, keep serving
+            self._internal_error(err)
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:
+        if not self._host_ok():
+            self.close_connection = True
+            return
+        body = self._read_body()
+        if body is None:
+            return
+        path = self.path.split("?", 1)[0]
+        route = self.server.routes().get(path)
+        if route is None:
+            self._error(HTTPStatus.NOT_FOUND, f"no API endpoint {path!r}")
+            return
+        try:
+            payload = route(body)
+        except ValueError as err:  # InputError and the model's own input checks
+            self._error(HTTPStatus.BAD_REQUEST, str(err))
+            return
+        except Exception as err:
+            self._internal_error(err)
+            return
+        self._json(HTTPStatus.OK, payload)
+
+    def _internal_error(self, err: Exception) -> None:
+        traceback.print_exc(file=sys.stderr)
+        self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
+                    f"internal error ({type(err).__name__}: {err}); the server's log has "
+                    "the details")

@@ -1,0 +1,525 @@
+"""The explorer's JSON API, served for real on 127.0.0.1 (port 0) from a thread.
+
+Checks what the page relies on: weights sum to 1 over allowed keys, masked positions are
+exactly 0, shapes follow the model's layers and heads, the KV-cache step agrees with the
+full pass, padding never leaks, and every bad input gets a clear JSON message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import re
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from handformer.config import ModelConfig
+from handformer.explore.cli import add_explore_subcommand, run_explore
+from handformer.explore.explorer import Explorer
+from handformer.explore.runs import RunFolderError, load_explore_run, read_loss_curve
+from handformer.explore.server import MAX_BODY, ExploreServer, RemoteBindError, is_loopback
+from handformer.models.decoder_lm import DecoderLM
+from handformer.tokenizers import CharTokenizer
+from handformer.train.run_folder import save_run
+
+TEXT = "the quick brown fox jumps over the lazy dog.\n"
+N_LAYERS, N_HEADS, MAX_LEN = 2, 4, 16
+
+
+# -- run folders --------------------------------------------------------------------------
+def make_lm_run(run_dir: Path, *, attention: str = "sdpa", train_steps: int = 0,
+                n_layers: int = N_LAYERS, max_len: int = MAX_LEN) -> Path:
+    """A tiny character LM run folder (optionally trained a few steps, with a real
+    metrics.jsonl) written by the project's own ``save_run``."""
+    torch.manual_seed(0)
+    tok = CharTokenizer.from_text(TEXT)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=N_HEADS,
+                      n_layers=n_layers, max_len=max_len, attention=attention)
+    model = DecoderLM(cfg)
+    lines = []
+    if train_steps:
+        data = torch.tensor(tok.encode(TEXT * 8))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for step in range(1, train_steps + 1):
+            starts = torch.randint(0, len(data) - max_len - 1, (16,))
+            x = torch.stack([data[s:s + max_len] for s in starts])  # (B, T)
+            y = torch.stack([data[s + 1:s + max_len + 1] for s in starts])  # (B, T)
+            loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            lines.append({"kind": "train", "step": step, "loss": loss.item(), "lr": 1e-2})
+            if step % 10 == 0:
+                lines.append({"kind": "eval", "step": step, "val_loss": loss.item() + 0.1})
+    model.eval()
+    save_run(run_dir, model, cfg, tok, extra={"summary": {"final_val_loss": float("nan")}})
+    with (run_dir / "metrics.jsonl").open("w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in lines)
+    return run_dir
+
+
+def make_classifier_run(run_dir: Path) -> Path:
+    """An encoder-classifier run folder in the layout ``handformer classify train`` writes
+    (config.json {"classifier": …}, labels.json), built here from the model alone."""
+    encoder = pytest.importorskip("handformer.models.encoder",
+                                  reason="the encoder classifier has not landed")
+    from safetensors.torch import save_model
+
+    torch.manual_seed(0)
+    tok = CharTokenizer.from_text(TEXT)
+    cfg = encoder.ClassifierConfig(
+        encoder=ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=N_HEADS,
+                            n_layers=N_LAYERS, max_len=MAX_LEN, attention="sdpa"),
+        num_classes=3, pooling="cls")
+    model = encoder.EncoderClassifier(cfg).eval()
+    run_dir.mkdir(parents=True)
+    save_model(model, str(run_dir / "model.safetensors"))
+    (run_dir / "config.json").write_text(json.dumps({"classifier": cfg.to_dict()}),
+                                         encoding="utf-8")
+    (run_dir / "labels.json").write_text(json.dumps({"labels": ["neg", "neutral", "pos"]}),
+                                         encoding="utf-8")
+    tok.save(run_dir / "tokenizer.json")
+    return run_dir
+
+
+# -- a server in a thread -----------------------------------------------------------------
+@dataclass
+class Client:
+    server: ExploreServer
+
+    def _open(self, req: urllib.request.Request) -> tuple[int, dict[str, Any]]:
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.load(resp)
+        except urllib.error.HTTPError as err:
+            return err.code, json.load(err)
+
+    def get(self, path: str) -> tuple[int, dict[str, Any]]:
+        return self._open(urllib.request.Request(self.server.url.rstrip("/") + path))
+
+    def post(self, path: str, body: Any, content_type: str = "application/json"
+             ) -> tuple[int, dict[str, Any]]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self._open(urllib.request.Request(
+            self.server.url.rstrip("/") + path, data=data,
+            headers={"Content-Type": content_type}))
+
+    def ok(self, path: str, body: Any) -> dict[str, Any]:
+        status, payload = self.post(path, body)
+        assert status == 200, payload
+        return payload
+
+
+def serve(run_dir: Path) -> Iterator[Client]:
+    server = ExploreServer(Explorer(load_explore_run(run_dir)), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield Client(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_lm_run(tmp_path_factory.mktemp("explore") / "lm", train_steps=20)
+
+
+@pytest.fixture(scope="module")
+def client(lm_dir: Path) -> Iterator[Client]:
+    yield from serve(lm_dir)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+    yield from serve(make_classifier_run(tmp_path_factory.mktemp("explore") / "clf"))
+
+
+def assert_softmax_rows(weights: list, allowed: list) -> None:
+    """Each row sums to 1 over its allowed keys (0 if it has none); masked cells are 0."""
+    for w_row, a_row in zip(weights, allowed, strict=True):
+        assert all(w == 0.0 for w, a in zip(w_row, a_row, strict=True) if not a)
+        expected = 1.0 if any(a_row) else 0.0
+        assert math.isclose(sum(w_row), expected, abs_tol=1e-4)
+
+
+# -- info -----------------------------------------------------------------------------------
+def test_info_describes_model_loss_curve_and_config(client: Client) -> None:
+    status, info = client.get("/api/info")
+    assert status == 200
+    assert info["kind"] == "lm"
+    assert (info["model"]["n_layers"], info["model"]["n_heads"]) == (N_LAYERS, N_HEADS)
+    assert info["model"]["attention"] == "sdpa" and "manual" in info["kernel_note"]
+    assert len(info["loss_curve"]["train"]) == 20 and len(info["loss_curve"]["val"]) == 2
+    assert info["summary"]["final_val_loss"] is None  # NaN → null: strict JSON
+    assert info["config"]["model"]["max_len"] == MAX_LEN
+
+
+def test_loss_curve_skips_torn_and_foreign_lines(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"kind": "train", "step": 1, "loss": 3.0}\n[1]\n'
+                    '{"kind": "eval", "step": 1, "val_loss": null}\n'
+                    '{"kind": "eval", "step": 2, "val_loss": 2.5}\n{"kind": "tr', encoding="utf-8")
+    curve = read_loss_curve(path)
+    assert curve.train == [(1, 3.0)] and curve.val == [(2, 2.5)]
+    assert curve.skipped_lines == 2
+    assert read_loss_curve(tmp_path / "missing.jsonl").train == []
+
+
+def test_bad_run_folders_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(RunFolderError, match="not found"):
+        load_explore_run(tmp_path / "nope")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.json").write_text("{}")
+    with pytest.raises(RunFolderError, match="missing"):
+        load_explore_run(tmp_path / "half")
+
+
+# -- attention --------------------------------------------------------------------------------
+def test_attention_every_layer_and_head(client: Client) -> None:
+    prompt = "the lazy fox"
+    t = len(prompt)
+    for layer in range(N_LAYERS):
+        all_heads = client.ok("/api/attention", {"prompt": prompt, "layer": layer, "head": "all"})
+        assert all_heads["heads"] == list(range(N_HEADS))
+        assert len(all_heads["weights"]) == N_HEADS
+        assert all_heads["allowed"] == [[int(j <= i) for j in range(t)] for i in range(t)]
+        for head in range(N_HEADS):
+            one = client.ok("/api/attention", {"prompt": prompt, "layer": layer, "head": head})
+            assert one["tokens"] == list(prompt)
+            assert len(one["weights"]) == 1 and len(one["weights"][0]) == t
+            assert all(len(row) == t for row in one["weights"][0])
+            assert one["weights"][0] == all_heads["weights"][head]
+            assert_softmax_rows(one["weights"][0], one["allowed"])
+
+
+def test_attention_matches_a_hand_computation_of_layer_0(client: Client, lm_dir: Path) -> None:
+    """The served weights are softmax(q·kᵀ/√D) of the first layer, computed here by hand."""
+    model, tok, _ = __import__("handformer.train.run_folder", fromlist=["load_run"]).load_run(
+        lm_dir)
+    prompt = "over the dog"
+    ids = torch.tensor([tok.encode(prompt)])  # (1, T)
+    t = ids.shape[1]
+    with torch.no_grad():
+        x = model.token_embedding(ids) + model.positions(torch.arange(t))  # (1, T, C)
+        block = model.blocks[0]
+        q, k, _ = block.self_attn.in_proj(block.norm1(x)).split(32, dim=-1)  # 3 × (1, T, C)
+        q = q.view(1, t, N_HEADS, 8).transpose(1, 2)  # (1, H, T, D)
+        k = k.view(1, t, N_HEADS, 8).transpose(1, 2)  # (1, H, T, D)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)  # (1, H, T, T)
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        expected = torch.softmax(scores, dim=-1)[0]  # (H, T, T)
+    served = client.ok("/api/attention", {"prompt": prompt, "layer": 0, "head": "all"})
+    torch.testing.assert_close(torch.tensor(served["weights"], dtype=torch.float32), expected,
+                               atol=2e-5, rtol=0)
+
+
+def test_unknown_characters_become_unk_with_a_notice(client: Client) -> None:
+    answer = client.ok("/api/attention", {"prompt": "the Ω fox", "layer": 0, "head": 0})
+    assert answer["tokens"][4] == "<unk>"
+    assert any("'Ω'" in n and "<unk>" in n for n in answer["notices"])
+
+
+def test_a_prompt_longer_than_the_window_is_cropped_with_a_notice(client: Client) -> None:
+    prompt = "abcdefghijklmnopqrstuvwxyz"
+    answer = client.ok("/api/attention", {"prompt": prompt, "layer": 1, "head": 2})
+    assert len(answer["tokens"]) == MAX_LEN
+    assert "".join(answer["tokens"]).replace("<unk>", "?") is not None
+    assert any("26 tokens" in n and f"last {MAX_LEN}" in n for n in answer["notices"])
+    assert_softmax_rows(answer["weights"][0], answer["allowed"])
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"prompt": "", "layer": 0, "head": 0}, "empty"),
+    ({"layer": 0, "head": 0}, "missing field 'prompt'"),
+    ({"prompt": 5, "layer": 0, "head": 0}, "must be text"),
+    ({"prompt": "the", "layer": N_LAYERS, "head": 0}, f"[0, {N_LAYERS - 1}]"),
+    ({"prompt": "the", "layer": 0, "head": N_HEADS}, "head must be 'all'"),
+    ({"prompt": "the", "layer": 0, "head": "some"}, "head index or 'all'"),
+    ({"prompt": "the", "layer": True, "head": 0}, "integer"),
+])
+def test_bad_attention_requests_get_a_400_message(client: Client, body: dict,
+                                                  message: str) -> None:
+    status, answer = client.post("/api/attention", body)
+    assert status == 400
+    assert message in answer["error"]
+    assert "Traceback" not in answer["error"]
+
+
+def test_malformed_requests(client: Client) -> None:
+    status, answer = client.post("/api/attention", b"{not json")
+    assert status == 400 and "not valid JSON" in answer["error"]
+    status, answer = client.post("/api/attention", [1, 2])
+    assert status == 400 and "JSON object" in answer["error"]
+    status, answer = client.post("/api/attention", b"prompt=x", "application/x-www-form-urlencoded")
+    assert status == 415
+    status, answer = client.post("/api/nothing", {})
+    assert status == 404 and "no API endpoint" in answer["error"]
+    status, answer = client.get("/etc/passwd")
+    assert status == 404
+
+
+def test_bodies_over_the_limit_get_413_and_the_server_keeps_serving(client: Client) -> None:
+    host, port = client.server.server_address[:2]
+    for size in (MAX_BODY + 1, 4 * MAX_BODY):
+        conn = http.client.HTTPConnection(host, port, timeout=30)
+        body = json.dumps({"prompt": "x" * size}).encode()
+        conn.request("POST", "/api/attention", body=body,
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+        conn.close()
+        assert resp.status == 413
+        assert f"limit of {MAX_BODY} bytes" in answer["error"]
+    assert client.ok("/api/attention", {"prompt": "ok", "layer": 0, "head": 0})["tokens"]
+
+
+def test_a_foreign_host_header_is_refused(client: Client) -> None:
+    host, port = client.server.server_address[:2]
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    conn.request("GET", "/api/info", headers={"Host": "attacker.example:80"})
+    resp = conn.getresponse()
+    assert resp.status == 403 and "Host" in json.loads(resp.read())["error"]
+    conn.close()
+
+
+def test_the_page_is_served_and_loads_nothing_from_elsewhere(client: Client) -> None:
+    with urllib.request.urlopen(client.server.url, timeout=30) as resp:
+        html = resp.read().decode()
+        csp = resp.headers["Content-Security-Policy"]
+    assert '<script src="/static/app.js">' in html and "default-src 'self'" in csp
+    static = resources.files("handformer.explore").joinpath("static")
+    for name in ("index.html", "app.js", "style.css"):
+        text = static.joinpath(name).read_text(encoding="utf-8")
+        urls = set(re.findall(r"https?://[^\s\"'`)]+", text)) - {"http://www.w3.org/2000/svg"}
+        assert not urls, f"{name} refers to {urls}: the page must work offline"
+        with urllib.request.urlopen(client.server.url + ("" if name == "index.html" else
+                                                         f"static/{name}"), timeout=30) as r:
+            assert r.status == 200
+
+
+# -- generation with the KV cache --------------------------------------------------------------
+def test_generation_steps_over_the_cache_like_the_full_pass(client: Client) -> None:
+    prompt = "the qui"
+    start = client.ok("/api/generate/start", {"prompt": prompt, "layer": 1, "head": 3})
+    assert start["cache"] == {"filled": len(prompt), "capacity": MAX_LEN}
+    assert len(start["weights"]) == 1 and len(start["weights"][0]) == len(prompt)
+    assert len(start["next"]) == 10
+    probs = [e["prob"] for e in start["next"]]
+    assert probs == sorted(probs, reverse=True) and sum(probs) <= 1 + 1e-6
+
+    step = client.ok("/api/generate/step", {"session": start["session"], "layer": 1,
+                                            "head": 3, "temperature": 0})
+    assert step["chosen"]["id"] == start["next"][0]["id"]  # greedy = the top bar
+    assert step["drawn_from"] == start["next"]
+    assert step["cache"]["filled"] == len(prompt) + 1
+    row = step["weights"][0]  # (S,) the new token's query over every cached key
+    assert len(row) == len(prompt) + 1 and math.isclose(sum(row), 1.0, abs_tol=1e-4)
+
+    # The cached step equals the last row of the full (uncached) pass over the same text.
+    text = prompt + step["chosen"]["token"]
+    full = client.ok("/api/attention", {"prompt": text, "layer": 1, "head": 3})
+    torch.testing.assert_close(torch.tensor(row), torch.tensor(full["weights"][0][-1]),
+                               atol=2e-5, rtol=0)
+
+    other = client.ok("/api/generate/view", {"session": start["session"], "layer": 0,
+                                             "head": "all"})
+    assert len(other["weights"]) == N_HEADS and other["cache"] == step["cache"]
+
+
+def test_generation_stops_at_a_full_window(client: Client) -> None:
+    start = client.ok("/api/generate/start", {"prompt": "x" * 40, "layer": 0, "head": 0})
+    assert start["cache"]["filled"] == MAX_LEN - 1  # cropped, leaving room for one step
+    assert any("were dropped" in n for n in start["notices"])
+    body = {"session": start["session"], "layer": 0, "head": 0, "temperature": 1.0, "top_k": 5}
+    assert client.ok("/api/generate/step", body)["window_full"] is True
+    status, answer = client.post("/api/generate/step", body)
+    assert status == 400 and "window is full" in answer["error"]
+
+
+def test_generation_bad_input(client: Client) -> None:
+    status, answer = client.post("/api/generate/step", {"session": "nope", "layer": 0,
+                                                        "head": 0})
+    assert status == 400 and "press Start" in answer["error"]
+    start = client.ok("/api/generate/start", {"prompt": "a", "layer": 0, "head": 0})
+    status, answer = client.post("/api/generate/step", {"session": start["session"],
+                                                        "temperature": -1})
+    assert status == 400 and "temperature" in answer["error"]
+    status, answer = client.post("/api/generate/start", {"prompt": "", "layer": 0, "head": 0})
+    assert status == 400 and "empty" in answer["error"]
+
+
+def test_concurrent_requests_are_served_consistently(client: Client) -> None:
+    expected = client.ok("/api/attention", {"prompt": "brown", "layer": 1, "head": "all"})
+    failures: list[str] = []
+
+    def worker(i: int) -> None:
+        for _ in range(4):
+            start = client.ok("/api/generate/start", {"prompt": "dog", "layer": 0, "head": 0})
+            client.ok("/api/generate/step", {"session": start["session"], "temperature": 0})
+            got = client.ok("/api/attention", {"prompt": "brown", "layer": 1, "head": "all"})
+            if got["weights"] != expected["weights"]:
+                failures.append(f"thread {i}: weights differ")
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not failures
+
+
+# -- padded batches ----------------------------------------------------------------------------
+@pytest.mark.parametrize("pad_side", ["right", "left"])
+def test_padded_keys_get_exactly_zero_weight(client: Client, pad_side: str) -> None:
+    sentences = ["the", "quick brown", "a lazy dog jumps"]
+    answer = client.ok("/api/batch", {"sentences": sentences, "layer": 1, "head": "all",
+                                      "pad_side": pad_side})
+    assert answer["max_weight_on_padded_keys"] == 0.0
+    assert any("not a classifier run" in n for n in answer["notices"])
+    t = max(len(s) for s in sentences)
+    assert len(answer["weights"]) == 3 and len(answer["weights"][0]) == N_HEADS
+    for row, weights, allowed in zip(answer["rows"], answer["weights"], answer["allowed"],
+                                     strict=True):
+        assert len(row["tokens"]) == t and sum(row["real"]) in (3, 11, 16)
+        for head_weights in weights:
+            assert_softmax_rows(head_weights, allowed)
+            for query in head_weights:
+                assert all(w == 0.0 for w, r in zip(query, row["real"], strict=True) if not r)
+
+
+def test_a_padded_sentence_attends_as_it_does_alone(client: Client) -> None:
+    batch = client.ok("/api/batch", {"sentences": ["fox", "the quick"], "layer": 1,
+                                     "head": 2, "pad_side": "right"})
+    alone = client.ok("/api/attention", {"prompt": "fox", "layer": 1, "head": 2})
+    padded = torch.tensor(batch["weights"][0][0])[:3, :3]  # real queries × real keys
+    torch.testing.assert_close(padded, torch.tensor(alone["weights"][0]), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"sentences": [], "layer": 0, "head": 0}, "is empty"),
+    ({"sentences": ["a", ""], "layer": 0, "head": 0}, "sentence 2 is empty"),
+    ({"sentences": ["a"] * 9, "layer": 0, "head": 0}, "at most 8"),
+    ({"sentences": "a", "layer": 0, "head": 0}, "list of texts"),
+    ({"sentences": ["a"], "layer": 0, "head": 0, "pad_side": "up"}, "pad_side"),
+])
+def test_bad_batches(client: Client, body: dict, message: str) -> None:
+    status, answer = client.post("/api/batch", body)
+    assert status == 400 and message in answer["error"]
+
+
+def test_classifier_run_shows_padding_without_causal_mask(classifier: Client) -> None:
+    _, info = classifier.get("/api/info")
+    assert info["kind"] == "classifier" and info["labels"] == ["neg", "neutral", "pos"]
+    answer = classifier.ok("/api/batch", {"sentences": ["the dog", "a quick brown fox"],
+                                          "layer": 1, "head": "all"})
+    assert answer["max_weight_on_padded_keys"] == 0.0
+    row0 = answer["rows"][0]
+    assert row0["tokens"][:3] == ["<bos>", "t", "h"]  # as the classifier was trained
+    real = row0["real"]
+    # Bidirectional: a real query may attend to every real key, later ones included.
+    assert answer["allowed"][0] == [[int(r) for r in real] for _ in real]
+    for head_weights in answer["weights"][0]:
+        assert_softmax_rows(head_weights, answer["allowed"][0])
+    for pred in answer["predictions"]:
+        assert math.isclose(sum(pred["probs"]), 1.0, abs_tol=1e-4)
+        assert pred["label"] in info["labels"]
+    status, refused = classifier.post("/api/generate/start", {"prompt": "the"})
+    assert status == 400 and "language-model run" in refused["error"]
+
+
+def test_classifier_keeps_the_start_of_a_long_text(classifier: Client) -> None:
+    long_text = "abcdefghijklmnopqrstuvwxyz"
+    answer = classifier.ok("/api/attention", {"prompt": long_text, "layer": 0, "head": 0})
+    assert answer["tokens"] == ["<bos>", *long_text[:MAX_LEN - 1]]
+    assert any(f"first {MAX_LEN - 1}" in n and "dropped" in n for n in answer["notices"])
+    assert answer["allowed"] == [[1] * MAX_LEN] * MAX_LEN  # bidirectional, no padding
+
+
+def test_classifier_labels_file_is_checked(tmp_path: Path) -> None:
+    run_dir = make_classifier_run(tmp_path / "clf")
+    (run_dir / "labels.json").write_text('{"labels": ["a", "b"]}', encoding="utf-8")
+    with pytest.raises(RunFolderError, match="3 labels"):
+        load_explore_run(run_dir)
+    (run_dir / "labels.json").unlink()
+    assert load_explore_run(run_dir).labels == ["class 0", "class 1", "class 2"]
+
+
+def test_a_diverged_model_gets_a_message_not_a_crash(lm_dir: Path) -> None:
+    explorer = Explorer(load_explore_run(lm_dir))
+    with torch.no_grad():
+        explorer.run.model.blocks[0].self_attn.in_proj.weight.fill_(float("nan"))
+    with pytest.raises(ValueError, match="NaN or Inf attention weights"):
+        explorer.attention("the", 0, 0)
+
+
+# -- binding and the command line --------------------------------------------------------------
+def test_refuses_non_loopback_addresses_unless_allowed(lm_dir: Path) -> None:
+    explorer = Explorer(load_explore_run(lm_dir))
+    assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("192.168.1.5")
+    for host in ("0.0.0.0", "192.168.1.5", "example.com"):
+        with pytest.raises(RemoteBindError, match="--allow-remote"):
+            ExploreServer(explorer, host, 0)
+    server = ExploreServer(explorer, "0.0.0.0", 0, allow_remote=True)
+    try:
+        assert server.server_address[1] > 0 and not server.check_host_header
+    finally:
+        server.server_close()
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="handformer")
+    add_explore_subcommand(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_cli_serves_prints_the_url_and_stops(lm_dir: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    args = _parse(["explore", "--run", str(lm_dir), "--port", "0"])
+    assert args.handler is run_explore
+    seen: dict[str, Any] = {}
+
+    def on_ready(server: ExploreServer) -> None:
+        def probe() -> None:
+            try:
+                with urllib.request.urlopen(server.url + "api/info", timeout=30) as resp:
+                    seen["kind"] = json.load(resp)["kind"]
+            finally:
+                server.shutdown()
+        threading.Thread(target=probe, daemon=True).start()
+
+    assert run_explore(args, on_ready=on_ready) == 0
+    assert seen["kind"] == "lm"
+    assert re.search(r"http://127\.0\.0\.1:\d+/", capsys.readouterr().out)
+
+
+def test_cli_errors_are_messages_with_exit_code_2(lm_dir: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_explore(_parse(["explore", "--run", str(tmp_path / "none")])) == 2
+    assert "run folder not found" in capsys.readouterr().err
+    assert run_explore(_parse(["explore", "--run", str(lm_dir), "--host", "0.0.0.0"])) == 2
+    assert "--allow-remote" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _parse(["explore", "--run", str(lm_dir), "--port", "70000"])
