@@ -1,7 +1,7 @@
 """Losses. ``IGNORE_INDEX`` marks targets that must not count (padding); it is defined here
 and nowhere else.
 
-Shape legend: ``B`` batch, ``T`` sequence, ``V`` vocabulary.
+Shape legend: ``B`` batch, ``T`` sequence, ``V`` vocabulary, ``K`` classes.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["IGNORE_INDEX", "lm_loss"]
+__all__ = ["IGNORE_INDEX", "classification_loss", "lm_loss"]
 
 IGNORE_INDEX = -100
 
@@ -30,3 +30,17 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
         targets.flatten(),  # (B·T,)
         ignore_index=IGNORE_INDEX,
     )
+
+
+def classification_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy over examples whose label is not ``IGNORE_INDEX``.
+
+    logits (B, K), targets (B,) class ids. One label per sequence: padding never reaches
+    the loss because pooling has already read only the real tokens.
+    """
+    if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise ValueError(
+            f"classification_loss expects logits (B, K) and targets (B,); got logits "
+            f"{tuple(logits.shape)} and targets {tuple(targets.shape)}"
+        )
+    return F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX)

@@ -1,0 +1,205 @@
+"""EncoderDecoder: the original Transformer (Vaswani et al., 2017), from handformer's block.
+
+    src (B, S) ─▶ Encoder (bidirectional, source padding mask) ─▶ memory (B, S, C)
+    tgt (B, T) ─▶ Decoder: N × [causal self-attention ▶ cross-attention to memory ▶ FFN]
+                 ─▶ LayerNorm ─▶ linear head ─▶ logits (B, T, V)
+
+The cross-attention of every decoder block reads the encoder output through the *source*
+padding mask, so no target position ever attends to a padded source position. Both stacks
+end in a LayerNorm whatever the norm placement, as ``nn.Transformer`` builds them (for
+post-norm that last norm is one more affine LayerNorm after the block's own: harmless, and
+it keeps the two models the same function, which the parity tests check).
+
+Training is teacher forcing: the decoder reads ``<bos> y1 … y(n-1)`` and is scored on
+``y1 … yn <eos>``; the causal mask keeps each position from seeing its own answer.
+``greedy_decode`` runs the encoder once and re-runs the decoder over the growing output at
+every step (no KV cache yet: cost O(T²) decoder passes, fine for short outputs).
+
+Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``C`` model dim,
+``V`` target vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.config import ModelConfig
+from handformer.masks import combine_masks
+from handformer.models.encoder import (
+    Encoder,
+    TokenEmbedding,
+    build_blocks,
+    check_ids,
+    init_weights,
+)
+from handformer.nn.positional import ADDITIVE_KINDS
+
+__all__ = ["Decoder", "EncoderDecoder", "Seq2SeqConfig", "greedy_decode"]
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Two ``ModelConfig``s: the encoder's (source vocabulary, its depth) and the decoder's
+    (target vocabulary, its depth; ``tie_weights`` ties its embedding to its output head).
+    The two must share ``d_model``: the decoder's cross-attention reads the encoder's output.
+    """
+
+    encoder: ModelConfig
+    decoder: ModelConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encoder, dict):  # from JSON
+            self.encoder = ModelConfig.from_dict(self.encoder)
+        if isinstance(self.decoder, dict):
+            self.decoder = ModelConfig.from_dict(self.decoder)
+        if self.encoder.d_model != self.decoder.d_model:
+            raise ValueError(
+                f"encoder d_model={self.encoder.d_model} != decoder d_model="
+                f"{self.decoder.d_model}; cross-attention needs one model dim C"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"encoder": self.encoder.to_dict(), "decoder": self.decoder.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Seq2SeqConfig:
+        unknown = sorted(set(data) - {"encoder", "decoder"})
+        if unknown or set(data) != {"encoder", "decoder"}:
+            raise ValueError(f"Seq2SeqConfig needs exactly the fields ['decoder', 'encoder']; "
+                             f"got {sorted(data)}")
+        return cls(**data)
+
+
+class Decoder(nn.Module):
+    """Target embedding → N × block(causal self-attn, cross-attn, FFN) → LayerNorm → head."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = TokenEmbedding(config)
+        self.blocks = build_blocks(config, cross_attention=True)
+        self._in_attention_positions = config.positional not in ADDITIVE_KINDS
+        self.final_norm = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        init_weights(self, config.n_layers)
+        if config.tie_weights:
+            self.lm_head.weight = self.embed.token.weight
+
+    def forward(
+        self,
+        ids: Tensor,
+        memory: Tensor,
+        *,
+        padding_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+    ) -> Tensor:
+        """ids (B, T); memory (B, S, C); masks (B, T) / (B, S) bool, True on real tokens.
+        Returns logits (B, T, V)."""
+        check_ids(ids, padding_mask, self.config.vocab_size, "Decoder")
+        if memory.dim() != 3 or memory.shape[0] != ids.shape[0]:
+            raise ValueError(f"Decoder expects memory (B, S, C) with B = {ids.shape[0]}; got "
+                             f"{tuple(memory.shape)}")
+        if memory_mask is not None and memory_mask.shape != memory.shape[:2]:
+            raise ValueError(f"memory_mask must be (B, S) = {tuple(memory.shape[:2])}; got "
+                             f"{tuple(memory_mask.shape)}")
+        x, positions = self.embed(ids, padding_mask)  # (B, T, C)
+        hidden = self.decode_embedded(x, memory, padding_mask, memory_mask, positions)
+        return self.lm_head(hidden)  # (B, T, V)
+
+    def decode_embedded(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        padding_mask: Tensor | None = None,
+        memory_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
+        """The block stack alone: x (B, T, C), memory (B, S, C) → hidden (B, T, C)."""
+        # Self-attention: causal, plus the target padding on the keys when there is any.
+        self_mask = None if padding_mask is None else combine_masks(padding_mask)  # (B,1,1,T)
+        # Cross-attention: every target query sees the real source tokens only.
+        cross_mask = None if memory_mask is None else combine_masks(memory_mask)  # (B,1,1,S)
+        extra: dict[str, Any] = {}
+        if self._in_attention_positions:
+            if positions is None:
+                positions = torch.arange(x.shape[1], device=x.device)  # (T,)
+            extra = {"positions": positions, "key_positions": positions}
+        for block in self.blocks:
+            x = block(x, mask=self_mask, is_causal=True, context=memory,
+                      context_mask=cross_mask, **extra)  # (B, T, C)
+        return self.final_norm(x)
+
+
+class EncoderDecoder(nn.Module):
+    """``forward(src, tgt, src_mask=None, tgt_mask=None) -> logits (B, T, V)``."""
+
+    def __init__(self, config: Seq2SeqConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config.encoder, final_norm=True)
+        self.decoder = Decoder(config.decoder)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
+        """src (B, S) → memory (B, S, C). Run once per source, reused at every decode step."""
+        return self.encoder(src, src_mask)
+
+    def decode(
+        self, tgt: Tensor, memory: Tensor, src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        """tgt (B, T), memory (B, S, C) → logits (B, T, V)."""
+        return self.decoder(tgt, memory, padding_mask=tgt_mask, memory_mask=src_mask)
+
+    def forward(
+        self, src: Tensor, tgt: Tensor, src_mask: Tensor | None = None,
+        tgt_mask: Tensor | None = None,
+    ) -> Tensor:
+        """src (B, S), tgt (B, T) long; masks (B, S) / (B, T) bool, True on real tokens.
+        Returns logits (B, T, V) for teacher forcing."""
+        if src.dim() == 2 and tgt.dim() == 2 and src.shape[0] != tgt.shape[0]:
+            raise ValueError(f"src and tgt batch sizes differ: src {tuple(src.shape)}, "
+                             f"tgt {tuple(tgt.shape)}")
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: EncoderDecoder,
+    src: Tensor,
+    src_mask: Tensor | None = None,
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_new_tokens: int,
+    pad_id: int = 0,
+) -> Tensor:
+    """Argmax decoding. Returns (B, N ≤ max_new_tokens) ids after ``<bos>``; a row that
+    has produced ``<eos>`` keeps it and is padded with ``pad_id`` afterwards.
+
+    The encoder runs once; the decoder is re-run over the whole prefix each step (no KV
+    cache). Stops early when every row has finished.
+    """
+    if max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be positive; got {max_new_tokens}")
+    was_training = model.training
+    model.eval()
+    memory = model.encode(src, src_mask)  # (B, S, C)
+    b = src.shape[0]
+    out = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
+    done = torch.zeros(b, dtype=torch.bool, device=src.device)  # (B,)
+    for _ in range(max_new_tokens):
+        logits = model.decode(out, memory, src_mask)[:, -1]  # (B, V)
+        nxt = logits.argmax(dim=-1).masked_fill(done, pad_id)  # (B,)
+        out = torch.cat([out, nxt[:, None]], dim=1)  # (B, t + 1)
+        done |= nxt == eos_id
+        if bool(done.all()):
+            break
+    model.train(was_training)
+    return out[:, 1:]  # (B, N)
