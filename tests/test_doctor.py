@@ -165,7 +165,7 @@ def test_users_own_module_gets_the_checks_that_need_no_internals() -> None:
     report = run(model, tiny_windows(), loss_fn=nan_safe_lm_loss, lr=LR)
     s = statuses(report)
     needs_internals = {"padding probe", "pad keys get zero attention", "attention scale",
-                       "manual vs sdpa", "cached vs uncached decoding",
+                       "attention kernels agree", "cached vs uncached decoding",
                        "padding mask in the data"}
     assert {n for n, st in s.items() if st is Status.SKIP} == needs_internals
     for name in needs_internals:

@@ -71,6 +71,20 @@ class Unscaled(MultiHeadAttention):
         return q * math.sqrt(self.head_dim), k, v
 
 
+class FusedPathOnlyUnscaled(MultiHeadAttention):
+    """A bug only in the fast path: when the fused kernel runs, the scores lose their 1/√D.
+    Calls that ask for weights run the readable kernel, which stays correct."""
+
+    def forward(self, x: Tensor, context: Tensor | None = None, *, need_weights: bool = False,
+                **kw: Any) -> tuple[Tensor, Tensor | None]:
+        self.fast_path = self.attention == "sdpa" and not need_weights
+        return super().forward(x, context, need_weights=need_weights, **kw)
+
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super()._project(x, context)
+        return (q * math.sqrt(self.head_dim) if self.fast_path else q), k, v
+
+
 class DetachedFFN(FeedForward):
     """A layer whose output is cut from the graph: it runs, but never learns."""
 
@@ -155,6 +169,10 @@ ZOO: dict[str, Case] = {
     "no 1/sqrt(d) scaling": Case(
         lambda: swap_class(tiny_model(), MultiHeadAttention, Unscaled),
         "attention scale", ("not divided by √D",), ("math.sqrt(D)",)),
+    "a bug only in the fused kernel": Case(
+        lambda: swap_class(tiny_model(attention="sdpa"), MultiHeadAttention,
+                           FusedPathOnlyUnscaled),
+        "attention kernels agree", ("sdpa vs manual",), ("same mask and scale",)),
     "positional encoding not added": Case(
         lambda: drop_positions(tiny_model()),
         "position probe", ("identical logits at every position", "uniform attention"),

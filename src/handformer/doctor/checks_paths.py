@@ -1,7 +1,8 @@
 """Step 6: two roads to the same place must arrive together.
 
-* manual vs sdpa — the readable kernel and torch's fused one must give the same logits, with
-  and without padding. A mismatch localises a bug to one kernel's mask or scale handling.
+* attention kernels agree — every kernel (``sdpa``: torch's fused one; ``tiled``, where
+  present) must give the readable ``manual`` kernel's logits, with and without padding. A
+  mismatch localises a bug to one kernel's mask or scale handling.
 * cached vs uncached — decoding with the KV cache (a prefix, then one token at a time, the
   queries end-aligned to the cached keys) must give the logits of recomputing the whole
   prefix, and greedy ``generate`` must pick the same tokens either way.
@@ -22,7 +23,7 @@ from handformer.nn.attention import ATTENTION_KINDS
 __all__ = ["check_cache", "check_kernels"]
 
 SECTION = "paths"
-KERNEL_HINT = ("both kernels must apply the same mask and scale: torch's SDPA boolean "
+KERNEL_HINT = ("all kernels must apply the same mask and scale: torch's SDPA boolean "
                "attn_mask means True = attend (nn.MultiheadAttention's means True = ignore), "
                "its is_causal is top-left aligned (handformer's causal mask is end-aligned), "
                "and a fully masked row is NaN in torch but zeros in handformer")
@@ -31,9 +32,10 @@ CACHE_HINT = ("cached decoding must equal recomputing the prefix: write the new 
               "(causal_mask(T_q, T_k)), and give new tokens positions that continue the prefix")
 
 
-@guarded(SECTION, "manual vs sdpa", KERNEL_HINT)
+@guarded(SECTION, "attention kernels agree", KERNEL_HINT)
 def check_kernels(subject: Subject) -> CheckResult:
-    name = "manual vs sdpa"
+    """Every kernel in ``ATTENTION_KINDS`` against the readable ``manual`` reference."""
+    name = "attention kernels agree"
     if not subject.attention:
         return CheckResult(SECTION, name, Status.SKIP,
                            "no handformer MultiHeadAttention in the model: one kernel only")
@@ -41,16 +43,18 @@ def check_kernels(subject: Subject) -> CheckResult:
     if subject.accepts_padding_mask:
         _, padded = padded_inputs(subject)
         inputs.append(("left padding", *padded["left"]))
-    diffs = {}
+    diffs: dict[str, tuple[float, float]] = {}
     with torch.no_grad():
         for label, ids, mask in inputs:
             outs = {}
             for kind in ATTENTION_KINDS:
                 with forced_attention_kind(subject.model, kind):
-                    outs[kind] = subject.forward(ids, mask)
+                    outs[kind] = subject.forward(ids, mask)  # (B, T, V)
             keep = mask[..., None] if mask is not None else torch.ones(1, dtype=torch.bool)
-            diff = (outs["manual"] - outs["sdpa"]).abs() * keep  # (B, T, V), real positions
-            diffs[label] = (float(diff.max()), subject.tolerance(outs["manual"]))
+            tol = subject.tolerance(outs["manual"])
+            for kind in ATTENTION_KINDS[1:]:
+                diff = (outs[kind] - outs["manual"]).abs() * keep  # real positions only
+                diffs[f"{kind} vs manual, {label}"] = (float(diff.max()), tol)
     details = {k: {"max_diff": d, "tolerance": t} for k, (d, t) in diffs.items()}
     bad = {k: v for k, v in diffs.items() if v[0] > v[1]}
     if bad:

@@ -51,7 +51,7 @@ CHECK_NAMES: tuple[tuple[str, str], ...] = (
     ("gradients", "gradient flow"), ("gradients", "gradient values"),
     ("gradients", "update/weight ratio"),
     ("learning", "overfit one batch"),
-    ("paths", "manual vs sdpa"), ("paths", "cached vs uncached decoding"),
+    ("paths", "attention kernels agree"), ("paths", "cached vs uncached decoding"),
 )
 
 
