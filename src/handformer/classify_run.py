@@ -1,0 +1,395 @@
+"""The classification job, wired end to end: labelled texts → EncoderClassifier → run folder.
+
+``handformer classify train`` and ``classify predict`` are thin shells around
+``train_classifier`` and ``load_classifier_run`` + ``predict_texts``. Evaluation reports
+accuracy, macro-F1 (the mean of per-class F1, so a rare class counts as much as a common
+one) and a confusion matrix (rows: true class, columns: predicted), also drawn as a PNG.
+
+    RUN_DIR/
+      model.safetensors   weights only
+      config.json         {"classifier": ClassifierConfig, "train": TrainConfig, "data": …}
+      tokenizer.json      the character vocabulary
+      labels.json         the label vocabulary, class id order
+      metrics.jsonl       one JSON line per logged step and per evaluation
+      summary.json        final validation scores, baselines, time
+      confusion.png       the final confusion matrix (when matplotlib is installed)
+
+Shape legend: ``B`` batch, ``T`` sequence, ``K`` classes, ``N`` examples.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from handformer.classification import (
+    ClassificationBatches,
+    DatasetError,
+    LabelVocab,
+    encode_texts,
+    read_examples,
+)
+from handformer.config import ModelConfig, TrainConfig
+from handformer.data import Batch
+from handformer.loss import classification_loss
+from handformer.models.encoder import ClassifierConfig, EncoderClassifier
+from handformer.run_files import (
+    JsonlLog,
+    check_run_dir,
+    load_weights,
+    read_json,
+    save_weights,
+    write_json,
+)
+from handformer.tasks import BRACKETS_CHANCE, brackets_examples
+from handformer.tokenizers import CharTokenizer, load_tokenizer
+from handformer.train.trainer import Trainer, TrainResult
+
+__all__ = [
+    "CLASSIFY_MODEL",
+    "CLASSIFY_TRAIN",
+    "ClassifierRun",
+    "ClassifyData",
+    "LoadedClassifier",
+    "Prediction",
+    "builtin_brackets_data",
+    "confusion_matrix",
+    "evaluate_classifier",
+    "file_data",
+    "load_classifier_run",
+    "plot_confusion",
+    "predict_texts",
+    "save_classifier_run",
+    "scores_from_confusion",
+    "train_classifier",
+]
+
+WEIGHTS, CONFIG, TOKENIZER, LABELS, METRICS, SUMMARY, CONFUSION_PNG = (
+    "model.safetensors", "config.json", "tokenizer.json", "labels.json", "metrics.jsonl",
+    "summary.json", "confusion.png")
+
+# The default recipe: pre-norm, warm-up, RoPE. Relative positions let a head compare
+# "is this key before that query" as a function of the offset alone, which is what the
+# built-in brackets task needs at any length.
+CLASSIFY_MODEL: dict[str, Any] = dict(
+    d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, positional="rope", norm="pre",
+    attention="sdpa", activation="gelu", tie_weights=False)
+CLASSIFY_TRAIN: dict[str, Any] = dict(
+    batch_size=32, max_steps=600, lr=1e-3, min_lr=1e-4, warmup_steps=50, weight_decay=0.01,
+    eval_interval=100, log_interval=50, eval_batches=1, seed=1337)
+
+
+# -- data -------------------------------------------------------------------------------
+@dataclass
+class ClassifyData:
+    """Texts and labels to train and validate on, and where they came from."""
+
+    train_texts: list[str]
+    train_labels: list[str]
+    val_texts: list[str]
+    val_labels: list[str]
+    source: str
+    chance: float | None = None  # the stated chance level, when the task defines one
+
+
+def builtin_brackets_data(
+    *, seq_len: int = 64, n_train: int = 20_000, n_val: int = 1_000, seed: int = 0
+) -> ClassifyData:
+    """The built-in task (``tasks.brackets_examples``): strings of even length in
+    [seq_len/2, seq_len]; the validation strings never occur in the training set."""
+    lo = max(6, seq_len // 2)
+    val_texts, val_labels = brackets_examples(n_val, min_len=lo, max_len=seq_len,
+                                              seed=seed + 1)
+    train_texts, train_labels = brackets_examples(n_train, min_len=lo, max_len=seq_len,
+                                                  seed=seed, exclude=set(val_texts))
+    return ClassifyData(train_texts, train_labels, val_texts, val_labels,
+                        source=f"built-in balanced-brackets task, lengths {lo}..{seq_len}",
+                        chance=BRACKETS_CHANCE)
+
+
+def file_data(
+    path: str | Path, *, val_path: str | Path | None = None, text_col: str = "text",
+    label_col: str = "label", val_fraction: float = 0.1, seed: int = 0,
+) -> ClassifyData:
+    """Read a labelled file; hold out ``val_fraction`` of it (seeded) unless ``val_path``."""
+    texts, labels = read_examples(path, text_col=text_col, label_col=label_col)
+    assert labels is not None
+    LabelVocab.from_labels(labels, source=str(path))  # one class only: fail before splitting
+    if val_path is not None:
+        val_texts, val_labels = read_examples(val_path, text_col=text_col, label_col=label_col)
+        assert val_labels is not None
+        return ClassifyData(texts, labels, val_texts, val_labels, source=str(path))
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1); got {val_fraction}")
+    n_val = max(1, round(len(texts) * val_fraction))
+    if len(texts) - n_val < 2:
+        raise DatasetError(f"{path} has {len(texts)} usable rows: too few to hold out "
+                           f"{n_val} for validation and still train; add rows or pass --val")
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    val, train = order[:n_val], order[n_val:]
+    return ClassifyData([texts[i] for i in train], [labels[i] for i in train],
+                        [texts[i] for i in val], [labels[i] for i in val], source=str(path))
+
+
+# -- metrics ----------------------------------------------------------------------------
+def confusion_matrix(y_true: Tensor, y_pred: Tensor, num_classes: int) -> Tensor:
+    """(N,), (N,) class ids → (K, K) counts; row = true class, column = predicted."""
+    flat = y_true.long() * num_classes + y_pred.long()  # (N,)
+    counts = torch.bincount(flat, minlength=num_classes * num_classes)  # (K·K,)
+    return counts.view(num_classes, num_classes)  # (K, K)
+
+
+def scores_from_confusion(cm: Tensor) -> dict[str, float]:
+    """Accuracy and macro-F1. A class absent from both truth and predictions is left out
+    of the macro average (its F1 is undefined); one predicted but never true scores 0."""
+    cm = cm.double()
+    tp = cm.diag()  # (K,)
+    predicted, actual = cm.sum(dim=0), cm.sum(dim=1)  # (K,), (K,)
+    present = (predicted + actual) > 0
+    f1 = 2 * tp / (predicted + actual).clamp(min=1)  # (K,) = 2PR/(P+R) in counts
+    total = float(cm.sum())
+    return {"accuracy": float(tp.sum()) / max(total, 1.0),
+            "macro_f1": float(f1[present].mean()) if bool(present.any()) else 0.0}
+
+
+@torch.no_grad()
+def _logits_and_targets(model: EncoderClassifier, batches: Sequence[Batch]
+                        ) -> tuple[Tensor, Tensor]:
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logits, targets = [], []
+    for batch in batches:
+        batch = batch.to(device)
+        logits.append(model(batch.ids, batch.padding_mask).float().cpu())  # (B, K)
+        targets.append(batch.targets.cpu())  # (B,)
+    model.train(was_training)
+    return torch.cat(logits), torch.cat(targets)  # (N, K), (N,)
+
+
+def evaluate_classifier(model: EncoderClassifier, batches: Sequence[Batch]) -> dict[str, Any]:
+    """Accuracy, macro-F1 and the confusion matrix (as nested lists) over ``batches``."""
+    logits, targets = _logits_and_targets(model, batches)
+    cm = confusion_matrix(targets, logits.argmax(dim=-1), model.config.num_classes)
+    return {**scores_from_confusion(cm), "confusion": cm.tolist(), "n": len(targets)}
+
+
+def plot_confusion(cm: Sequence[Sequence[int]], labels: Sequence[str], path: Path, *,
+                   title: str = "") -> Path | None:
+    """Draw the confusion matrix as a PNG; ``None`` (with a warning) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        warnings.warn("matplotlib is not installed: confusion.png not written "
+                      "(the matrix is in summary.json)", stacklevel=2)
+        return None
+    k = len(labels)
+    fig, ax = plt.subplots(figsize=(max(5.0, 3.0 + 0.6 * k), max(4.5, 2.5 + 0.6 * k)))
+    image = ax.imshow(cm, cmap="Blues")
+    top = max((max(row) for row in cm), default=0)
+    for i in range(k):
+        for j in range(k):
+            ax.text(j, i, str(cm[i][j]), ha="center", va="center",
+                    color="white" if cm[i][j] > top / 2 else "black")
+    ax.set_xticks(range(k), labels, rotation=45, ha="right")
+    ax.set_yticks(range(k), labels)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+# -- training ---------------------------------------------------------------------------
+class ClassifierEvalLog:
+    """Trainer callback: validation accuracy / macro-F1 at every evaluation, and every log
+    and evaluation line appended to ``metrics.jsonl`` (when a path is given)."""
+
+    def __init__(self, model: EncoderClassifier, batches: Sequence[Batch],
+                 path: Path | None = None) -> None:
+        self.model = model
+        self.batches = list(batches)
+        self.log = None if path is None else JsonlLog(path)
+        self.history: list[dict[str, Any]] = []
+        self.train: list[dict[str, Any]] = []
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        self.train.append(dict(metrics))
+        if self.log is not None:
+            self.log.write("train", metrics)
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        report = evaluate_classifier(self.model, self.batches)
+        entry = {**metrics, "step": step, "val_accuracy": report["accuracy"],
+                 "val_macro_f1": report["macro_f1"]}
+        self.history.append(entry)
+        if self.log is not None:
+            self.log.write("eval", entry)
+
+
+@dataclass
+class ClassifierRun:
+    run_dir: Path | None
+    model: EncoderClassifier
+    tokenizer: CharTokenizer
+    labels: LabelVocab
+    config: ClassifierConfig
+    train_config: TrainConfig
+    result: TrainResult
+    report: dict[str, Any]
+    summary: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train_classifier(
+    data: ClassifyData,
+    *,
+    out_dir: str | Path | None,
+    max_len: int,
+    model_overrides: dict[str, Any] | None = None,
+    train_overrides: dict[str, Any] | None = None,
+    pooling: str = "cls",
+    bucket: bool = True,
+    progress: bool = True,
+) -> ClassifierRun:
+    """Train an ``EncoderClassifier`` on ``data``; write a run folder unless ``out_dir``
+    is ``None``. Texts longer than ``max_len`` tokens (``<bos>`` included) are truncated."""
+    tokenizer = CharTokenizer.from_text("".join(data.train_texts))
+    labels = LabelVocab.from_labels(data.train_labels, source="the training data")
+    train_y = labels.encode(data.train_labels, source="the training data")
+    val_y = labels.encode(data.val_labels, source="the validation data")
+    train_ids = encode_texts(data.train_texts, tokenizer, max_len, source="training data")
+    val_ids = encode_texts(data.val_texts, tokenizer, max_len, source="validation data")
+
+    train_cfg = TrainConfig.from_dict({**CLASSIFY_TRAIN, "block_size": max_len,
+                                       **(train_overrides or {})})
+    model_cfg = ModelConfig.from_dict({**CLASSIFY_MODEL, **(model_overrides or {}),
+                                       "vocab_size": tokenizer.vocab_size, "max_len": max_len})
+    config = ClassifierConfig(model_cfg, num_classes=len(labels), pooling=pooling)
+    torch.manual_seed(train_cfg.seed)
+    model = EncoderClassifier(config)
+
+    train_batches = ClassificationBatches(train_ids, train_y, train_cfg.batch_size,
+                                          bucket=bucket, pad_id=tokenizer.pad_id)
+    val_batches = ClassificationBatches(val_ids, val_y, train_cfg.batch_size, bucket=True,
+                                        pad_id=tokenizer.pad_id).fixed_batches()
+    run_dir = None if out_dir is None else Path(out_dir)
+    evaluator = ClassifierEvalLog(model, val_batches,
+                                  None if run_dir is None else run_dir / METRICS)
+    trainer = Trainer(model, train_cfg, train_batch=train_batches, val_batches=val_batches,
+                      loss_fn=classification_loss, callbacks=[evaluator], progress=progress)
+    start = time.perf_counter()
+    result = trainer.fit()
+    report = evaluate_classifier(model, val_batches)
+    counts = torch.bincount(torch.tensor(val_y), minlength=len(labels))
+    summary = {
+        "source": data.source,
+        "labels": labels.labels,
+        "num_train": len(train_ids),
+        "num_val": len(val_ids),
+        "val_accuracy": report["accuracy"],
+        "val_macro_f1": report["macro_f1"],
+        "confusion": report["confusion"],
+        "chance": data.chance if data.chance is not None else 1.0 / len(labels),
+        "majority_baseline": float(counts.max()) / max(len(val_y), 1),
+        "seconds": time.perf_counter() - start,
+        "median_step_ms": result.median_step_ms,
+        "parameters": model.num_parameters(),
+        "max_len": max_len,
+    }
+    if run_dir is not None:
+        save_classifier_run(run_dir, model, tokenizer, labels, train_cfg,
+                            extra={"summary": summary})
+        write_json(run_dir / SUMMARY, summary)
+        plot_confusion(report["confusion"], labels.labels, run_dir / CONFUSION_PNG,
+                       title=f"validation ({len(val_y)} examples)\naccuracy "
+                             f"{report['accuracy']:.3f}, macro-F1 {report['macro_f1']:.3f}")
+    return ClassifierRun(run_dir, model, tokenizer, labels, config, train_cfg, result, report,
+                         summary, evaluator.history)
+
+
+# -- the run folder ---------------------------------------------------------------------
+def save_classifier_run(
+    run_dir: str | Path, model: EncoderClassifier, tokenizer: CharTokenizer,
+    labels: LabelVocab, train_config: TrainConfig | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"classifier": model.config.to_dict(),
+              "train": None if train_config is None else train_config.to_dict(),
+              **(extra or {})}
+    save_weights(model, run_dir / WEIGHTS)
+    write_json(run_dir / CONFIG, config)
+    tokenizer.save(run_dir / TOKENIZER)
+    labels.save(run_dir / LABELS)
+    return run_dir
+
+
+@dataclass
+class LoadedClassifier:
+    model: EncoderClassifier
+    tokenizer: CharTokenizer
+    labels: LabelVocab
+    config: dict[str, Any]
+
+    @property
+    def max_len(self) -> int:
+        return self.model.config.encoder.max_len
+
+
+def load_classifier_run(run_dir: str | Path, *, device: str = "cpu") -> LoadedClassifier:
+    """Rebuild the classifier from ``config.json`` + ``model.safetensors``; no pickle."""
+    run_dir = check_run_dir(run_dir, (WEIGHTS, CONFIG, TOKENIZER, LABELS))
+    config = read_json(run_dir / CONFIG)
+    try:
+        model_config = ClassifierConfig.from_dict(config["classifier"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise DatasetError(f"{run_dir / CONFIG}: cannot read the classifier config ({err}); "
+                           "was this folder written by `handformer classify train`?") from None
+    tokenizer = load_tokenizer(run_dir / TOKENIZER)
+    labels = LabelVocab.load(run_dir / LABELS)
+    if len(labels) != model_config.num_classes:
+        raise DatasetError(f"{run_dir}: labels.json has {len(labels)} labels but the model has "
+                           f"{model_config.num_classes} classes")
+    model = EncoderClassifier(model_config)
+    load_weights(model, run_dir / WEIGHTS, device=device)
+    return LoadedClassifier(model.to(device).eval(), tokenizer, labels, config)
+
+
+@dataclass
+class Prediction:
+    label: str
+    confidence: float  # softmax probability of the predicted class
+
+
+def predict_texts(loaded: LoadedClassifier, texts: Sequence[str], *, batch_size: int = 64
+                  ) -> list[Prediction]:
+    """Classify raw texts (truncated to the model's ``max_len``, with a warning count)."""
+    if not texts:
+        raise DatasetError("nothing to classify: no texts given")
+    empty = [i for i, t in enumerate(texts) if not t.strip()]
+    if empty:
+        raise DatasetError(f"text(s) {empty[:10]} are empty; give at least one character")
+    ids = encode_texts(texts, loaded.tokenizer, loaded.max_len, source="input")
+    batches = ClassificationBatches(ids, None, batch_size, bucket=False,
+                                    pad_id=loaded.tokenizer.pad_id).fixed_batches()
+    logits, _ = _logits_and_targets(loaded.model, batches)
+    probs = torch.softmax(logits, dim=-1)  # (N, K)
+    conf, pred = probs.max(dim=-1)  # (N,), (N,)
+    return [Prediction(label, float(c))
+            for label, c in zip(loaded.labels.decode(pred.tolist()), conf, strict=True)]

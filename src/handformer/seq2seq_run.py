@@ -1,0 +1,285 @@
+"""The seq2seq job: a built-in task → EncoderDecoder (teacher forcing) → run folder.
+
+Each example becomes
+
+    src  = s1 … sm <eos>                 the encoder's input (the <eos> marks the end)
+    ids  = <bos> t1 … tn                 the decoder's input (teacher forcing)
+    tgt  =       t1 … tn <eos>           what each decoder position must predict
+
+padded to the longest in the batch, with ``IGNORE_INDEX`` where the target is padding. The
+training stream draws fresh pairs every step and never the held-out sources, so the reported
+exact match (the whole decoded output equal to the answer) is on unseen inputs.
+
+    RUN_DIR/  model.safetensors  config.json {"seq2seq", "train", "task", "summary"}
+              tokenizer.json  metrics.jsonl  summary.json
+
+Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.config import ModelConfig, TrainConfig
+from handformer.data import Batch
+from handformer.loss import IGNORE_INDEX, lm_loss
+from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
+from handformer.run_files import (
+    JsonlLog,
+    RunFilesError,
+    check_run_dir,
+    load_weights,
+    read_json,
+    save_weights,
+    write_json,
+)
+from handformer.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
+from handformer.tokenizers import CharTokenizer, load_tokenizer
+from handformer.train.trainer import Trainer, TrainResult
+
+__all__ = [
+    "SEQ2SEQ_MODEL",
+    "SEQ2SEQ_TRAIN",
+    "LoadedSeq2Seq",
+    "Seq2SeqBatch",
+    "Seq2SeqRun",
+    "collate_pairs",
+    "exact_match",
+    "load_seq2seq_run",
+    "save_seq2seq_run",
+    "seq2seq_forward",
+    "train_seq2seq",
+    "translate",
+]
+
+WEIGHTS, CONFIG, TOKENIZER, METRICS, SUMMARY = (
+    "model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl", "summary.json")
+
+# Sinusoidal positions, as in the original paper; the rest is the pre-norm + warm-up recipe.
+SEQ2SEQ_MODEL: dict[str, Any] = dict(
+    d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, positional="sinusoidal",
+    norm="pre", attention="sdpa", activation="gelu", tie_weights=True)
+SEQ2SEQ_TRAIN: dict[str, Any] = dict(
+    batch_size=64, max_steps=1500, lr=2e-3, min_lr=1e-4, warmup_steps=100, weight_decay=0.01,
+    eval_interval=250, log_interval=50, eval_batches=1, seed=1337)
+
+
+@dataclass
+class Seq2SeqBatch(Batch):
+    """A ``Batch`` whose ``ids``/``targets``/``padding_mask`` are the decoder's, plus the
+    source: ``src`` (B, S) and ``src_mask`` (B, S), True on real tokens."""
+
+    src: Tensor | None = None
+    src_mask: Tensor | None = None
+
+    def to(self, device: torch.device | str) -> Seq2SeqBatch:
+        moved = {k: None if v is None else v.to(device)
+                 for k, v in (("ids", self.ids), ("targets", self.targets),
+                              ("padding_mask", self.padding_mask), ("src", self.src),
+                              ("src_mask", self.src_mask))}
+        return Seq2SeqBatch(**moved)  # type: ignore[arg-type]
+
+
+def seq2seq_forward(model: nn.Module, batch: Batch) -> Tensor:
+    """The Trainer's ``forward_fn``: teacher-forced logits (B, T, V)."""
+    assert isinstance(batch, Seq2SeqBatch)
+    return model(batch.src, batch.ids, batch.src_mask, batch.padding_mask)
+
+
+def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), value, dtype=torch.long)  # (B, L)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
+    return out
+
+
+def encode_sources(sources: Sequence[str], tokenizer: CharTokenizer) -> list[list[int]]:
+    """Characters + ``<eos>``; a character outside the vocabulary is an error naming it."""
+    empty = [i for i, s in enumerate(sources) if not s]
+    if empty:
+        raise ValueError(f"source(s) {empty[:5]} are empty; give at least one character")
+    return [tokenizer.encode(s, add_eos=True, unknown="error") for s in sources]
+
+
+def collate_pairs(pairs: Sequence[tuple[str, str]], tokenizer: CharTokenizer) -> Seq2SeqBatch:
+    """(source, target) strings → a right-padded ``Seq2SeqBatch``."""
+    if not pairs:
+        raise ValueError("collate_pairs got no pairs")
+    pad = tokenizer.pad_id
+    src = encode_sources([s for s, _ in pairs], tokenizer)
+    tgt = [tokenizer.encode(t, add_bos=True, add_eos=True, unknown="error") for _, t in pairs]
+    src_ids = _pad(src, pad)  # (B, S)
+    dec_in = _pad([t[:-1] for t in tgt], pad)  # (B, T): <bos> t1 … tn
+    targets = _pad([t[1:] for t in tgt], IGNORE_INDEX)  # (B, T): t1 … tn <eos>
+    return Seq2SeqBatch(ids=dec_in, targets=targets, padding_mask=targets != IGNORE_INDEX,
+                        src=src_ids, src_mask=src_ids != pad)
+
+
+@torch.no_grad()
+def translate(model: EncoderDecoder, tokenizer: CharTokenizer, sources: Sequence[str], *,
+              max_new_tokens: int | None = None, batch_size: int = 256) -> list[str]:
+    """Greedy outputs for ``sources`` (decoding stops at ``<eos>``)."""
+    device = next(model.parameters()).device
+    limit = max_new_tokens or model.config.decoder.max_len
+    outputs: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        src = encode_sources(sources[start : start + batch_size], tokenizer)
+        src_ids = _pad(src, tokenizer.pad_id).to(device)  # (B, S)
+        out = greedy_decode(model, src_ids, src_ids != tokenizer.pad_id,
+                            bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                            max_new_tokens=limit, pad_id=tokenizer.pad_id)  # (B, N)
+        for row in out.tolist():
+            cut = row.index(tokenizer.eos_id) if tokenizer.eos_id in row else len(row)
+            outputs.append(tokenizer.decode(row[:cut]))
+    return outputs
+
+
+def exact_match(model: EncoderDecoder, tokenizer: CharTokenizer,
+                pairs: Sequence[tuple[str, str]]) -> float:
+    """Share of pairs whose greedy output equals the target exactly."""
+    predicted = translate(model, tokenizer, [s for s, _ in pairs])
+    return sum(p == t for p, (_, t) in zip(predicted, pairs, strict=True)) / max(len(pairs), 1)
+
+
+class Seq2SeqEvalLog:
+    """Trainer callback: held-out exact match at every evaluation; lines to metrics.jsonl."""
+
+    def __init__(self, model: EncoderDecoder, tokenizer: CharTokenizer,
+                 pairs: Sequence[tuple[str, str]], path: Path | None = None) -> None:
+        self.model, self.tokenizer, self.pairs = model, tokenizer, list(pairs)
+        self.log = None if path is None else JsonlLog(path)
+        self.history: list[dict[str, Any]] = []
+
+    def on_log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.log is not None:
+            self.log.write("train", metrics)
+
+    def on_eval(self, step: int, metrics: dict[str, float]) -> None:
+        entry = {**metrics, "step": step,
+                 "val_exact_match": exact_match(self.model, self.tokenizer, self.pairs)}
+        self.history.append(entry)
+        if self.log is not None:
+            self.log.write("eval", entry)
+
+
+@dataclass
+class Seq2SeqRun:
+    run_dir: Path | None
+    model: EncoderDecoder
+    tokenizer: CharTokenizer
+    train_config: TrainConfig
+    result: TrainResult
+    summary: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train_seq2seq(
+    task: str,
+    *,
+    out_dir: str | Path | None,
+    min_len: int | None = None,
+    max_len: int | None = None,
+    n_val: int = 500,
+    model_overrides: dict[str, Any] | None = None,
+    train_overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> Seq2SeqRun:
+    """Train an ``EncoderDecoder`` on a built-in task; held-out exact match at the end."""
+    if task not in SEQ2SEQ_TASKS:
+        raise ValueError(f"unknown seq2seq task {task!r}; expected one of {sorted(SEQ2SEQ_TASKS)}")
+    spec = SEQ2SEQ_TASKS[task]
+    min_len = spec.default_min_len if min_len is None else min_len
+    max_len = spec.default_max_len if max_len is None else max_len
+    train_cfg = TrainConfig.from_dict({**SEQ2SEQ_TRAIN, "block_size": max_len,
+                                       **(train_overrides or {})})
+    tokenizer = CharTokenizer(SEQ2SEQ_ALPHABET)
+    src_len, tgt_len = spec.max_lengths(max_len)
+    shape = {**SEQ2SEQ_MODEL, **(model_overrides or {}), "vocab_size": tokenizer.vocab_size}
+    config = Seq2SeqConfig(encoder=ModelConfig.from_dict({**shape, "max_len": src_len + 1}),
+                           decoder=ModelConfig.from_dict({**shape, "max_len": tgt_len + 1}))
+    torch.manual_seed(train_cfg.seed)
+    model = EncoderDecoder(config)
+
+    val_pairs = seq2seq_pairs(task, n_val, min_len=min_len, max_len=max_len,
+                              seed=train_cfg.seed + 1)
+    held_out = frozenset(s for s, _ in val_pairs)
+
+    def train_batch(generator: torch.Generator) -> Seq2SeqBatch:
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        pairs = seq2seq_pairs(task, train_cfg.batch_size, min_len=min_len, max_len=max_len,
+                              seed=seed, exclude=held_out)
+        return collate_pairs(pairs, tokenizer)
+
+    val_batches = [collate_pairs(val_pairs[i : i + 256], tokenizer)
+                   for i in range(0, len(val_pairs), 256)]
+    run_dir = None if out_dir is None else Path(out_dir)
+    evaluator = Seq2SeqEvalLog(model, tokenizer, val_pairs,
+                               None if run_dir is None else run_dir / METRICS)
+    trainer = Trainer(model, train_cfg, train_batch=train_batch, val_batches=val_batches,
+                      loss_fn=lm_loss, forward_fn=seq2seq_forward, callbacks=[evaluator],
+                      progress=progress)
+    start = time.perf_counter()
+    result = trainer.fit()
+    summary = {
+        "task": task,
+        "description": spec.description,
+        "min_len": min_len,
+        "max_len": max_len,
+        "num_val": len(val_pairs),
+        "val_exact_match": exact_match(model, tokenizer, val_pairs),
+        "final_val_loss": result.final_val_loss,
+        "seconds": time.perf_counter() - start,
+        "median_step_ms": result.median_step_ms,
+        "parameters": model.num_parameters(),
+        "examples": [{"source": s, "target": t, "output": o} for (s, t), o in
+                     zip(val_pairs[:5], translate(model, tokenizer,
+                                                  [s for s, _ in val_pairs[:5]]), strict=True)],
+    }
+    if run_dir is not None:
+        save_seq2seq_run(run_dir, model, tokenizer, train_cfg,
+                         extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
+                                "summary": summary})
+        write_json(run_dir / SUMMARY, summary)
+    return Seq2SeqRun(run_dir, model, tokenizer, train_cfg, result, summary, evaluator.history)
+
+
+def save_seq2seq_run(run_dir: str | Path, model: EncoderDecoder, tokenizer: CharTokenizer,
+                     train_config: TrainConfig | None = None,
+                     extra: dict[str, Any] | None = None) -> Path:
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {"seq2seq": model.config.to_dict(),
+              "train": None if train_config is None else train_config.to_dict(),
+              **(extra or {})}
+    save_weights(model, run_dir / WEIGHTS)
+    write_json(run_dir / CONFIG, config)
+    tokenizer.save(run_dir / TOKENIZER)
+    return run_dir
+
+
+@dataclass
+class LoadedSeq2Seq:
+    model: EncoderDecoder
+    tokenizer: CharTokenizer
+    config: dict[str, Any]
+
+
+def load_seq2seq_run(run_dir: str | Path, *, device: str = "cpu") -> LoadedSeq2Seq:
+    """Rebuild the model from ``config.json`` + ``model.safetensors``; no pickle."""
+    run_dir = check_run_dir(run_dir, (WEIGHTS, CONFIG, TOKENIZER))
+    config = read_json(run_dir / CONFIG)
+    try:
+        model_config = Seq2SeqConfig.from_dict(config["seq2seq"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunFilesError(f"{run_dir / CONFIG}: cannot read the seq2seq config ({err}); was "
+                            "this folder written by `handformer seq2seq train`?") from None
+    model = EncoderDecoder(model_config)
+    load_weights(model, run_dir / WEIGHTS, device=device)
+    return LoadedSeq2Seq(model.to(device).eval(), load_tokenizer(run_dir / TOKENIZER), config)
