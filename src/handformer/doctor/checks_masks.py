@@ -76,7 +76,8 @@ def check_mask_builders(subject: Subject,
                             f"= {show(end)}: new queries after cached keys must be end-aligned")
     except TypeError:
         notes.append("end alignment not checked (the builder takes one length)")
-    ids = torch.tensor([[5, 6, subject.pad_id, subject.pad_id]])
+    a, b = subject.pad_id + 1, subject.pad_id + 2  # any two ids that are not padding
+    ids = torch.tensor([[a, b, subject.pad_id, subject.pad_id]])
     pad = padding_mask(ids, subject.pad_id)  # (1, 4)
     if pad.tolist() != [[True, True, False, False]]:
         problems.append(f"padding_mask([a, b, pad, pad]) = {pad.int().tolist()}, expected "

@@ -90,7 +90,7 @@ def run(
     generator = torch.Generator().manual_seed(seed)
     batches = as_batches(data, batch_size=batch_size, generator=generator)
     subject = Subject(model, batches, loss_fn, pad_id=pad_id, vocab_size=vocab_size, lr=lr,
-                      initial=initial, seed=seed, decode=decode)
+                      initial=initial, seed=seed, decode=decode, probe_rows=batch_size)
     checks: list[CheckResult] = []
     modules = []
     written: list[str] = []

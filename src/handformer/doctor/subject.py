@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from handformer.data import Batch, LMWindows
-from handformer.loss import IGNORE_INDEX
 from handformer.nn.attention import MultiHeadAttention
 
 __all__ = ["DataLike", "LossFn", "Subject", "as_batches", "preserved_state"]
@@ -108,6 +107,7 @@ class Subject:
     initial: bool = True
     seed: int = 0
     decode: Callable[[int], str] | None = None
+    probe_rows: int = 4
     probe: Batch = field(init=False)
     generator: torch.Generator = field(init=False)
     device: torch.device = field(init=False)
@@ -128,7 +128,7 @@ class Subject:
         max_len = getattr(config, "max_len", None)
         first = self.batches[0]
         cols = first.ids.shape[1] if max_len is None else min(first.ids.shape[1], max_len)
-        self.probe = _crop(first, 4, cols).to(self.device)
+        self.probe = _crop(first, self.probe_rows, cols).to(self.device)  # (≤ rows, ≤ max_len)
         self.batches = [b.to(self.device) for b in self.batches]
         names = inspect.signature(self.model.forward).parameters
         self.accepts_padding_mask = "padding_mask" in names
@@ -176,10 +176,6 @@ class Subject:
 
     def loss(self, logits: Tensor, targets: Tensor) -> Tensor:
         return self.loss_fn(logits, targets)
-
-    def real_targets(self, batch: Batch) -> Tensor:
-        """(B, T) bool: positions whose target counts."""
-        return batch.targets != IGNORE_INDEX
 
     def describe(self) -> dict[str, Any]:
         model = self.model
