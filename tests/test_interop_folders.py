@@ -50,7 +50,7 @@ def test_run_exports_to_a_folder_transformers_loads(tmp_path: Path) -> None:
 
 def test_folder_errors_name_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConversionError, match="no config.json"):
+    with pytest.raises(ConversionError, match=r"no config\.json"):
         import_gpt2_folder(tmp_path / "empty", tmp_path / "run")
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
