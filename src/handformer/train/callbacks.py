@@ -90,7 +90,9 @@ class TensorBoardLogger:
 
     def __init__(self, log_dir: str | Path, *, resume_step: int | None = None) -> None:
         summary_writer = require_tensorboard()
-        self.writer = summary_writer(log_dir=str(log_dir), purge_step=resume_step)
+        # Events after the checkpoint's step came from the killed run: purge them.
+        purge = None if resume_step is None else resume_step + 1
+        self.writer = summary_writer(log_dir=str(log_dir), purge_step=purge)
 
     def _scalars(self, prefix: str, step: int, metrics: dict[str, Any]) -> None:
         for key, value in metrics.items():

@@ -409,8 +409,9 @@ class Trainer:
                                       f"loss in {patience} evaluations (best "
                                       f"{self.best_val_loss:.4f} at step {self.best_step})")
                 self.finished = final or stop_early
-                # A skipped step is no place for a checkpoint: keep the last healthy one.
-                due = (step % ckpt_every == 0 or improved) and out.status != "skipped"
+                # A regular checkpoint after a skipped step could rotate out the last one
+                # before a divergence; a new best is always kept (its weights are healthy).
+                due = (step % ckpt_every == 0 and out.status != "skipped") or improved
                 if self.checkpoints is not None and (due or self.finished or step == end):
                     self._save(result, elapsed_base, start)
                 crash_point("step", step)
