@@ -19,6 +19,8 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from handformer.config import PRECISIONS, PRESETS
+    from handformer.nn.attention import ATTENTION_KINDS
+    from handformer.nn.positional import POSITIONAL_KINDS
 
     parser = argparse.ArgumentParser(
         prog="handformer", description="A Transformer written by hand: train, sample, inspect.")
@@ -54,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(cuda)")
     train.add_argument("--compile", action="store_true", default=None,
                        help="compile the model with torch.compile")
-    train.add_argument("--attention", choices=("manual", "sdpa"), default=None)
-    train.add_argument("--positional", choices=("sinusoidal", "learned"), default=None)
+    train.add_argument("--attention", choices=ATTENTION_KINDS, default=None)
+    train.add_argument("--positional", choices=POSITIONAL_KINDS, default=None)
     train.add_argument("--log-interval", type=_positive_int, default=None)
     train.add_argument("--eval-interval", type=_positive_int, default=None)
     train.add_argument("--checkpoint-interval", type=_positive_int, default=None,
