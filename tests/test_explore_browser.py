@@ -41,8 +41,6 @@ from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[ExploreServer]:

@@ -50,12 +50,12 @@ def _unknown_notice(tokenizer: Any, text: str, ids: list[int], what: str) -> str
     if stoi is not None:
         chars = sorted({c for c in text if c not in stoi})
         shown = ", ".join(repr(c) for c in chars[:12]) + (" …" if len(chars) > 12 else "")
-        return (f"{count} character(s) of the {what} are not in the model's vocabulary and "
+        return (f"{count} character(s) of {what} are not in the model's vocabulary and "
                 f"became <unk>: {shown}")
-    return f"{count} token(s) of the {what} became <unk>"
+    return f"{count} token(s) of {what} became <unk>"
 
 
-def encode_text(tokenizer: Any, text: str, *, limit: int, what: str = "prompt",
+def encode_text(tokenizer: Any, text: str, *, limit: int, what: str = "the prompt",
                 add_bos: bool = False, keep: str = "last") -> EncodedText:
     """Encode ``text`` to at most ``limit`` ids, keeping its ``"last"`` or ``"first"``
     tokens (``add_bos`` prepends ``<bos>``, always kept). ``InputError`` for an empty text."""
@@ -64,10 +64,10 @@ def encode_text(tokenizer: Any, text: str, *, limit: int, what: str = "prompt",
     if keep not in ("last", "first"):
         raise ValueError(f"keep must be 'last' or 'first'; got {keep!r}")
     if not text:
-        raise InputError(f"the {what} is empty: type at least one character")
+        raise InputError(f"{what} is empty: type at least one character")
     ids = [int(i) for i in tokenizer.encode(text)]
     if not ids:
-        raise InputError(f"the {what} {text!r} encodes to no tokens at all")
+        raise InputError(f"{what} {text!r:.80} encodes to no tokens at all")
     notices = []
     unknown = _unknown_notice(tokenizer, text, ids, what)
     if unknown:
@@ -75,10 +75,10 @@ def encode_text(tokenizer: Any, text: str, *, limit: int, what: str = "prompt",
     bos = getattr(tokenizer, "bos_id", None) if add_bos else None
     room = limit - (1 if bos is not None else 0)
     if room < 1:
-        raise ValueError(f"limit={limit} leaves no room for the {what} after <bos>")
+        raise ValueError(f"limit={limit} leaves no room for {what} after <bos>")
     if len(ids) > room:
         dropped = len(ids) - room
-        notices.append(f"the {what} has {len(ids)} tokens but only {room} fit in the model's "
+        notices.append(f"{what} has {len(ids)} tokens but only {room} fit in the model's "
                        f"window: showing the {keep} {room} (the "
                        f"{'first' if keep == 'last' else 'last'} {dropped} were dropped)")
         ids = ids[-room:] if keep == "last" else ids[:room]
