@@ -70,27 +70,20 @@ def make_lm_run(run_dir: Path, *, attention: str = "sdpa", train_steps: int = 0,
 
 
 def make_classifier_run(run_dir: Path) -> Path:
-    """An encoder-classifier run folder in the layout ``handformer classify train`` writes
-    (config.json {"classifier": …}, labels.json), built here from the model alone."""
-    encoder = pytest.importorskip("handformer.models.encoder",
-                                  reason="the encoder classifier has not landed")
-    from safetensors.torch import save_model
+    """An (untrained) encoder-classifier run folder, written by the project's own
+    ``save_classifier_run``."""
+    from handformer.classification import LabelVocab
+    from handformer.classify_run import save_classifier_run
+    from handformer.models.encoder import ClassifierConfig, EncoderClassifier
 
     torch.manual_seed(0)
     tok = CharTokenizer.from_text(TEXT)
-    cfg = encoder.ClassifierConfig(
+    cfg = ClassifierConfig(
         encoder=ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=N_HEADS,
                             n_layers=N_LAYERS, max_len=MAX_LEN, attention="sdpa"),
         num_classes=3, pooling="cls")
-    model = encoder.EncoderClassifier(cfg).eval()
-    run_dir.mkdir(parents=True)
-    save_model(model, str(run_dir / "model.safetensors"))
-    (run_dir / "config.json").write_text(json.dumps({"classifier": cfg.to_dict()}),
-                                         encoding="utf-8")
-    (run_dir / "labels.json").write_text(json.dumps({"labels": ["neg", "neutral", "pos"]}),
-                                         encoding="utf-8")
-    tok.save(run_dir / "tokenizer.json")
-    return run_dir
+    model = EncoderClassifier(cfg).eval()
+    return save_classifier_run(run_dir, model, tok, LabelVocab(["neg", "neutral", "pos"]))
 
 
 # -- a server in a thread -----------------------------------------------------------------
@@ -457,13 +450,17 @@ def test_classifier_keeps_the_start_of_a_long_text(classifier: Client) -> None:
     assert answer["allowed"] == [[1] * MAX_LEN] * MAX_LEN  # bidirectional, no padding
 
 
-def test_classifier_labels_file_is_checked(tmp_path: Path) -> None:
+def test_other_run_folders_fail_clearly(tmp_path: Path) -> None:
     run_dir = make_classifier_run(tmp_path / "clf")
     (run_dir / "labels.json").write_text('{"labels": ["a", "b"]}', encoding="utf-8")
-    with pytest.raises(RunFolderError, match="3 labels"):
+    with pytest.raises(RunFolderError, match="2 labels but the model has 3 classes"):
         load_explore_run(run_dir)
     (run_dir / "labels.json").unlink()
-    assert load_explore_run(run_dir).labels == ["class 0", "class 1", "class 2"]
+    with pytest.raises(RunFolderError, match=r"missing \[.labels\.json.\]"):
+        load_explore_run(run_dir)
+    (run_dir / "config.json").write_text('{"seq2seq": {}}', encoding="utf-8")
+    with pytest.raises(RunFolderError, match="seq2seq run"):
+        load_explore_run(run_dir)
 
 
 def test_a_diverged_model_gets_a_message_not_a_crash(lm_dir: Path) -> None:

@@ -4,11 +4,9 @@ Two kinds of run:
 
 * ``"lm"`` — a language-model run written by ``handformer train`` (``config.json`` holds
   ``{"model": ModelConfig, ...}``); loaded through ``train.run_folder.load_run``.
-* ``"classifier"`` — an encoder classifier run, in the layout ``handformer classify train``
-  writes: ``config.json`` holds ``{"classifier": ClassifierConfig, ...}`` and
-  ``labels.json`` ``{"labels": [...]}`` in class-id order. The weights are read from
-  ``model.safetensors`` (no unpickling) into ``handformer.models.encoder.EncoderClassifier``.
-  Without ``labels.json`` the classes are called ``class 0`` … ``class K-1``.
+* ``"classifier"`` — an encoder classifier run written by ``handformer classify train``
+  (``config.json`` holds ``{"classifier": ClassifierConfig, ...}``, plus ``labels.json``);
+  recognised by that key and loaded through ``classify_run.load_classifier_run``.
 
 Nothing here trains or writes: a run folder is only read.
 """
@@ -23,15 +21,14 @@ from typing import Any, Literal
 
 from torch import nn
 
-from handformer.tokenizers import Tokenizer, load_tokenizer
+from handformer.tokenizers import Tokenizer
 from handformer.train.run_folder import RunFolderError, load_run
 
 __all__ = ["ExploreRun", "LossCurve", "RunFolderError", "load_explore_run", "read_loss_curve"]
 
 RunKind = Literal["lm", "classifier"]
-WEIGHTS, CONFIG, TOKENIZER, METRICS, SUMMARY, LABELS = (
-    "model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl", "summary.json",
-    "labels.json")
+WEIGHTS, CONFIG, TOKENIZER, METRICS, SUMMARY = (
+    "model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl", "summary.json")
 
 
 @dataclass
@@ -104,48 +101,17 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-def _classifier_section(config: dict[str, Any]) -> dict[str, Any] | None:
-    section = config.get("classifier")
-    return section if isinstance(section, dict) else None
-
-
-def _labels(run_dir: Path, num_classes: int) -> list[str]:
-    path = run_dir / LABELS
-    if not path.is_file():
-        return [f"class {i}" for i in range(num_classes)]
-    found = _read_json(path).get("labels")
-    if not isinstance(found, list) or len(found) != num_classes:
-        raise RunFolderError(f"{path}: expected {{\"labels\": [...]}} with {num_classes} "
-                             f"labels, one per class; got {found!r:.200}")
-    return [str(label) for label in found]
-
-
-def _load_classifier(run_dir: Path, config: dict[str, Any], section: dict[str, Any],
-                     device: str) -> tuple[nn.Module, Tokenizer, Any, list[str], str]:
-    try:
-        from handformer.models.encoder import ClassifierConfig, EncoderClassifier
-    except ImportError as err:
-        raise RunFolderError(f"{run_dir} is a classifier run, but this handformer has no "
-                             f"encoder classifier (handformer.models.encoder: {err})") from None
-    from safetensors import SafetensorError
-    from safetensors.torch import load_model
+def _load_classifier(run_dir: Path, device: str) -> tuple[nn.Module, Tokenizer, Any,
+                                                         list[str], str]:
+    """Model, tokenizer, encoder ModelConfig, labels and pooling of a classifier run."""
+    from handformer.classify_run import load_classifier_run
 
     try:
-        cfg = ClassifierConfig.from_dict(section)
-    except (KeyError, TypeError, ValueError) as err:
-        raise RunFolderError(f"{run_dir / CONFIG}: cannot read classifier config ({err})"
-                             ) from None
-    try:
-        tokenizer = load_tokenizer(run_dir / TOKENIZER)
-    except (json.JSONDecodeError, KeyError, ValueError) as err:
-        raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read tokenizer ({err})") from None
-    model = EncoderClassifier(cfg)
-    try:
-        load_model(model, run_dir / WEIGHTS, strict=True, device=device)
-    except (SafetensorError, RuntimeError, OSError) as err:
-        raise RunFolderError(f"{run_dir / WEIGHTS}: cannot load weights ({err})") from None
-    model.to(device).eval()
-    return model, tokenizer, cfg.encoder, _labels(run_dir, cfg.num_classes), cfg.pooling
+        loaded = load_classifier_run(run_dir, device=device)
+    except ValueError as err:  # DatasetError / RunFilesError, each naming the file
+        raise RunFolderError(str(err)) from None
+    cfg = loaded.model.config
+    return loaded.model, loaded.tokenizer, cfg.encoder, list(loaded.labels.labels), cfg.pooling
 
 
 def load_explore_run(run_dir: str | Path, *, device: str = "cpu") -> ExploreRun:
@@ -160,11 +126,14 @@ def load_explore_run(run_dir: str | Path, *, device: str = "cpu") -> ExploreRun:
     summary_path = run_dir / SUMMARY
     summary = _read_json(summary_path) if summary_path.is_file() else config.get("summary")
     curve = read_loss_curve(run_dir / METRICS)
-    section = _classifier_section(config)
-    if section is not None:
-        model, tokenizer, model_cfg, labels, pooling = _load_classifier(
-            run_dir, config, section, device)
+    if isinstance(config.get("classifier"), dict):
+        model, tokenizer, model_cfg, labels, pooling = _load_classifier(run_dir, device)
         return ExploreRun(run_dir, "classifier", model, tokenizer, config, model_cfg, curve,
                           summary, labels, pooling)
+    if not isinstance(config.get("model"), dict):
+        detail = ("it is a seq2seq run, which the explorer does not show (yet)"
+                  if "seq2seq" in config else f"its top-level keys are {sorted(config)}")
+        raise RunFolderError(f"{run_dir / CONFIG} describes neither a language model ('model') "
+                             f"nor a classifier ('classifier'): {detail}")
     model, tokenizer, config = load_run(run_dir, device=device)
     return ExploreRun(run_dir, "lm", model, tokenizer, config, model.config, curve, summary)
