@@ -278,5 +278,6 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
             return backend_cls.load(path)
         except Exception as err:  # the library raises its own exception type
             raise ValueError(f"{path}: not a loadable Hugging Face tokenizer ({err})") from None
-    raise ValueError(f"{path}: unknown tokenizer format; expected handformer's character "
-                     "tokenizer (type='char') or a Hugging Face tokenizer.json")
+    raise ValueError(f"{path}: unknown tokenizer format (type={data.get('type')!r}, no "
+                     "'model' section); expected handformer's character tokenizer "
+                     "(type='char') or a Hugging Face tokenizer.json")
