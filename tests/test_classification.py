@@ -305,8 +305,9 @@ def test_cli_predict_text_and_file_and_unknown_label(brackets_run: dict, tmp_pat
                                                      strict=True)]
     scored = write_csv(tmp_path / "val.csv", rows, ["text", "label"])
     assert main(["classify", "predict", "--run", out, "--data", str(scored),
-                 "--label-col", "label"]) == 0
+                 "--label-col", "label", "--confusion", str(tmp_path / "cm.png")]) == 0
     assert "accuracy:" in capsys.readouterr().out
+    assert (tmp_path / "cm.png").stat().st_size > 1000
     bad = write_csv(tmp_path / "bad.csv", [*rows[:3], {"text": "(())", "label": "maybe"}],
                     ["text", "label"])
     assert main(["classify", "predict", "--run", out, "--data", str(bad),

@@ -142,6 +142,8 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
     cp.add_argument("--text-col", default="text")
     cp.add_argument("--label-col", default=None,
                     help="with --data: score predictions against this column")
+    cp.add_argument("--confusion", type=Path, default=None,
+                    help="with --label-col: also draw the confusion matrix to this PNG")
     cp.add_argument("--device", default="cpu")
     _add_threads_option(cp)
     cp.set_defaults(handler=_reporting("classify predict", _classify_predict))
@@ -211,10 +213,13 @@ def _classify_predict(args: argparse.Namespace) -> int:
     from handformer.classify_run import (
         confusion_matrix,
         load_classifier_run,
+        plot_confusion,
         predict_texts,
         scores_from_confusion,
     )
 
+    if args.confusion is not None and args.label_col is None:
+        raise ValueError("--confusion needs --data and --label-col (the true labels)")
     loaded = load_classifier_run(args.run, device=args.device)
     if args.text is not None:
         texts, truth = list(args.text), None
@@ -236,6 +241,11 @@ def _classify_predict(args: argparse.Namespace) -> int:
         scores = scores_from_confusion(cm)
         print(f"accuracy: {scores['accuracy']:.4f}   macro-F1: {scores['macro_f1']:.4f}   "
               f"({len(texts)} texts)")
+        if args.confusion is not None:
+            plot_confusion(cm.tolist(), loaded.labels.labels, args.confusion,
+                           title=f"{args.data.name} ({len(texts)} texts)\naccuracy "
+                                 f"{scores['accuracy']:.3f}, macro-F1 {scores['macro_f1']:.3f}")
+            print(f"confusion matrix: {args.confusion}")
     return 0
 
 

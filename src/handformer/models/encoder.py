@@ -38,6 +38,7 @@ __all__ = [
     "EncoderClassifier",
     "TokenEmbedding",
     "build_blocks",
+    "check_ids",
     "init_weights",
     "pool",
 ]
