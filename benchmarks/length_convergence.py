@@ -14,7 +14,10 @@ What it measures
     Every ``--eval-interval`` steps each run is scored on the same held-out strings
     (never in its training set): validation accuracy and loss. The curves go to
     ``benchmarks/results/length_convergence.{json,png}``; the table printed at the end
-    gives each run's final accuracy, the first step at which it reached 90 %, and its time.
+    gives each run's final accuracy, the first step at which it reached 90 %, its time, and
+    its *peak loss*: the highest 20-step mean training loss after step 50. Guessing 50/50
+    costs ln 2 = 0.693, so a peak clearly above that is a spike — training that got worse
+    than knowing nothing before it recovered.
 
 Why
     The tutorial's author found that a model which trained at 128 tokens would not train at
@@ -81,10 +84,16 @@ def run_one(s: Setting, args: argparse.Namespace) -> dict[str, Any]:
     )
     history = [{"step": h["step"], "val_accuracy": h["val_accuracy"],
                 "val_loss": h["val_loss"]} for h in run.history]
-    return {**asdict(s), "history": history, "train_losses": run.result.train_losses,
+    losses = run.result.train_losses
+    return {**asdict(s), "history": history, "train_losses": losses,
             "final_val_accuracy": run.summary["val_accuracy"],
             "first_step_at_90": first_step_at(history, 0.9),
+            "peak_loss_after_50": max(smooth(losses, 20)[50:], default=None),
             "seconds": run.summary["seconds"], "median_step_ms": run.result.median_step_ms}
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def smooth(values: list[float], window: int) -> list[float]:
@@ -115,6 +124,7 @@ def plot(results: list[dict[str, Any]], path: Path, chance: float) -> Path | Non
     acc_ax.axhline(chance, color="grey", lw=0.8, ls=":", label=f"chance {chance:.0%}")
     acc_ax.set(xlabel="step", ylabel="validation accuracy", ylim=(0.4, 1.0),
                title="held-out accuracy, balanced brackets")
+    loss_ax.axhline(0.6931, color="grey", lw=0.8, ls=":", label="ln 2 (50/50 guess)")
     loss_ax.set(xlabel="step", ylabel="training loss (20-step mean)", title="training loss")
     acc_ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
@@ -150,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"training {s.label} ({args.steps} steps, batch {args.batch_size}) …", flush=True)
         r = run_one(s, args)
         print(f"  final accuracy {r['final_val_accuracy']:.3f}, 90 % at step "
-              f"{r['first_step_at_90']}, {r['seconds']:.0f}s", flush=True)
+              f"{r['first_step_at_90']}, peak loss {_fmt(r['peak_loss_after_50'])}, "
+              f"{r['seconds']:.0f}s", flush=True)
         results.append(r)
 
     chance = 0.5
@@ -169,11 +180,13 @@ def main(argv: list[str] | None = None) -> int:
                                                       encoding="utf-8")
     png = plot(results, args.out / "length_convergence.png", chance)
 
-    print(f"\n{'run':<32} {'final acc':>9} {'90 % at':>8} {'time':>7}")
+    print(f"\n{'run':<32} {'final acc':>9} {'90 % at':>8} {'peak loss':>9} {'time':>7}")
     for r in results:
         at = "never" if r["first_step_at_90"] is None else str(r["first_step_at_90"])
         print(f"{r['label']:<32} {r['final_val_accuracy']:>9.3f} {at:>8} "
-              f"{r['seconds']:>6.0f}s")
+              f"{_fmt(r['peak_loss_after_50']):>9} {r['seconds']:>6.0f}s")
+    print("(peak loss: highest 20-step mean training loss after step 50; ln 2 = 0.693 is "
+          "the loss of a 50/50 guess)")
     print(f"\nJSON: {args.out / 'length_convergence.json'}" + (f"\nPNG:  {png}" if png else ""))
     return 0
 

@@ -35,4 +35,5 @@ def test_length_convergence_writes_curves_for_every_run(tmp_path: Path) -> None:
         assert [h["step"] for h in run["history"]] == [3, 6]
         assert len(run["train_losses"]) == 6
         assert 0.0 <= run["final_val_accuracy"] <= 1.0
+        assert run["peak_loss_after_50"] is None  # only 6 steps: no step after 50
     assert (tmp_path / "length_convergence.png").stat().st_size > 1000
