@@ -1,4 +1,8 @@
-"""Command line: ``handformer train`` and ``handformer generate``."""
+"""The ``handformer`` command line.
+
+``train`` lives here; every other subcommand registers itself from the module that owns it
+(``add_*_subcommand``) and names its handler with ``set_defaults(handler=...)``.
+"""
 
 from __future__ import annotations
 
@@ -74,14 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not draw loss_curve.png")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    gen = sub.add_parser("generate", help="sample text from a trained run folder")
-    gen.add_argument("--run", type=Path, required=True, help="run folder written by train")
-    gen.add_argument("--prompt", default="\n")
-    gen.add_argument("--max-new-tokens", type=int, default=200)
-    gen.add_argument("--temperature", type=float, default=0.8)
-    gen.add_argument("--top-k", type=int, default=None)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--device", default="cpu")
+    from handformer.bench.runner import add_bench_subcommand
+    from handformer.cli_convert import add_convert_subcommand
+    from handformer.cli_embed import add_embed_subcommand
+    from handformer.cli_encoders import add_subcommands as add_encoder_subcommands
+    from handformer.cli_generate import add_generate_subcommand
+    from handformer.doctor.cli import add_doctor_subcommand
+    from handformer.experiments.length import add_experiment_subcommand
+    from handformer.explore.cli import add_explore_subcommand
+
+    add_generate_subcommand(sub)
+    add_encoder_subcommands(sub)  # classify, seq2seq
+    add_doctor_subcommand(sub)
+    add_explore_subcommand(sub)
+    add_embed_subcommand(sub)
+    add_convert_subcommand(sub)
+    add_experiment_subcommand(sub)
+    add_bench_subcommand(sub)
     return parser
 
 
@@ -157,27 +170,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from handformer.generate import generate
-    from handformer.train.run_folder import load_run
-
-    model, tokenizer, _ = load_run(args.run, device=args.device)
-    if not args.prompt:
-        raise ValueError("--prompt is empty; give at least one character")
-    prompt = torch.tensor([tokenizer.encode(args.prompt)], dtype=torch.long)
-    out = generate(model, prompt, args.max_new_tokens, temperature=args.temperature,
-                   top_k=args.top_k, seed=args.seed)
-    print(tokenizer.decode(out[0].tolist()))
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"train": _cmd_train, "generate": _cmd_generate}
+    handler = _cmd_train if args.command == "train" else args.handler
     try:
-        return handlers[args.command](args)
+        return handler(args)
     except (ValueError, OSError) as err:
         print(f"handformer {args.command}: error: {err}", file=sys.stderr)
         return 2
