@@ -17,7 +17,10 @@ Seq2seq — over the digits (and ``+``):
   [min_len, max_len] (default 3..10: from 3 digits on, a held-out set of a few hundred
   strings is a small part of each length's space, so training can avoid it);
 * ``add`` 57+968 → 1025: two numbers drawn uniformly below 10^max_len (default 3 digits);
-  the harder one (carries must be resolved before the first output digit is written).
+  the harder one (carries must be resolved before the first output digit is written). The
+  small default recipe does *not* solve it in a few CPU minutes: it learns the leading
+  digits first and stalls on the units, whose source digits its cross-attention has not
+  yet learned to find — a task to watch a model struggle with, not a proof of learning.
 
 Shape legend: none (strings and lists).
 """
