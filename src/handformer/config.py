@@ -54,7 +54,11 @@ def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 @dataclass
 class ModelConfig(_DictMixin):
     """The architecture. ``d_ff`` defaults to 4 × d_model and ``n_kv_heads`` to ``n_heads``
-    (plain multi-head attention) when left at 0."""
+    (plain multi-head attention) when left at 0.
+
+    ``layer_norm_eps``, ``embedding_norm`` (a LayerNorm right after the embeddings) and
+    ``type_vocab_size`` (segment embeddings) exist so BERT-style checkpoints map exactly.
+    """
 
     vocab_size: int
     d_model: int = 128
@@ -71,6 +75,9 @@ class ModelConfig(_DictMixin):
     bias: bool = True
     n_kv_heads: int = 0
     rope_base: float = 10000.0
+    layer_norm_eps: float = 1e-5
+    embedding_norm: bool = False
+    type_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if self.d_ff == 0:
@@ -90,6 +97,10 @@ class ModelConfig(_DictMixin):
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.rope_base <= 1.0:
             raise ValueError(f"rope_base must be > 1; got {self.rope_base}")
+        if not 0.0 < self.layer_norm_eps < 1.0:
+            raise ValueError(f"layer_norm_eps must be in (0, 1); got {self.layer_norm_eps}")
+        if self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be >= 0; got {self.type_vocab_size}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
         _check_choice("positional", self.positional, POSITIONAL_KINDS)

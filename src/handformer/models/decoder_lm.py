@@ -61,13 +61,15 @@ class DecoderLM(nn.Module):
                 n_kv_heads=c.n_kv_heads,
                 positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
                 rope_base=c.rope_base,
+                layer_norm_eps=c.layer_norm_eps,
             )
             for _ in range(c.n_layers)
         )
         # Pre-norm leaves the residual stream un-normalised, so it needs a final LayerNorm;
         # post-norm blocks already end in one.
         self.final_norm: nn.Module = (
-            nn.LayerNorm(c.d_model, bias=c.bias) if c.norm == "pre" else nn.Identity()
+            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.norm == "pre"
+            else nn.Identity()
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:

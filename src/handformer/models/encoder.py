@@ -81,6 +81,7 @@ def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.Mo
             n_kv_heads=c.n_kv_heads,
             positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
             rope_base=c.rope_base,
+            layer_norm_eps=c.layer_norm_eps,
         )
         for _ in range(c.n_layers)
     )
@@ -127,10 +128,17 @@ class TokenEmbedding(nn.Module):
         # Sinusoidal values are O(1) while embeddings start at std 0.02: scale the tokens by
         # √C as in the original paper so they are not drowned out.
         self.scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
+        # BERT-style extras: segment (token-type) vectors and a LayerNorm on the sum.
+        self.token_type = (nn.Embedding(c.type_vocab_size, c.d_model)
+                           if c.type_vocab_size > 0 else None)
+        self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
+                     if c.embedding_norm else None)
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, ids: Tensor, padding_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Returns ``(x, positions)``: x (B, T, C); positions (T,) or, with a mask, (B, T)."""
+    def forward(self, ids: Tensor, padding_mask: Tensor | None = None,
+                token_types: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Returns ``(x, positions)``: x (B, T, C); positions (T,) or, with a mask, (B, T).
+        ``token_types`` (B, T) selects segment vectors (default: segment 0 everywhere)."""
         if padding_mask is None:
             positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
         else:
@@ -138,6 +146,14 @@ class TokenEmbedding(nn.Module):
         x = self.token(ids) * self.scale  # (B, T, C)
         if self.positions is not None:
             x = x + self.positions(positions)  # (B, T, C)
+        if self.token_type is not None:
+            types = torch.zeros_like(ids) if token_types is None else token_types
+            x = x + self.token_type(types)  # (B, T, C)
+        elif token_types is not None:
+            raise ValueError("token_types given but this model has no token-type embeddings "
+                             "(type_vocab_size=0)")
+        if self.norm is not None:
+            x = self.norm(x)
         return self.dropout(x), positions
 
 
@@ -157,7 +173,8 @@ class Encoder(nn.Module):
         self._in_attention_positions = config.positional not in ADDITIVE_KINDS
         use_norm = config.norm == "pre" if final_norm is None else final_norm
         self.final_norm: nn.Module = (
-            nn.LayerNorm(config.d_model, bias=config.bias) if use_norm else nn.Identity()
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.bias)
+            if use_norm else nn.Identity()
         )
         init_weights(self, config.n_layers)
 
