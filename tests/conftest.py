@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -11,6 +13,13 @@ from handformer.config import ModelConfig
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One intra-op thread by default: the test models are tiny, and on a busy 2-core
+    machine OpenMP threads that wait on each other make small ops many times slower.
+    Set HANDFORMER_TEST_THREADS to override."""
+    torch.set_num_threads(int(os.environ.get("HANDFORMER_TEST_THREADS", "1")))
 
 
 def tiny_config(**overrides) -> ModelConfig:

