@@ -117,3 +117,11 @@ def test_bad_inputs_raise_clear_errors() -> None:
         model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool))
     sinusoidal = DecoderLM(tiny_config(positional="sinusoidal")).eval()
     assert sinusoidal(torch.zeros(1, 20, dtype=torch.long)).shape == (1, 20, 37)
+
+
+def test_all_padding_batch_gives_zero_loss_not_nan() -> None:
+    logits = torch.randn(2, 3, 11, requires_grad=True)
+    targets = torch.full((2, 3), IGNORE_INDEX)
+    loss = lm_loss(logits, targets)
+    loss.backward()
+    assert float(loss) == 0.0 and torch.all(logits.grad == 0)

@@ -95,9 +95,17 @@ def test_padded_data_gets_the_data_mask_checks() -> None:
     assert report.get("padding ignored by the loss").status is Status.PASS
 
 
-def test_lm_loss_on_an_all_padding_batch_is_a_warning_not_a_failure() -> None:
-    """F.cross_entropy's mean over zero targets is NaN: reported, with the fix, as WARN."""
+def test_all_padding_batch_lm_loss_passes_and_a_naive_mean_warns() -> None:
+    """lm_loss averages as sum / max(count, 1): an all-padding batch gives 0, not NaN.
+    A plain F.cross_entropy mean over zero targets is 0/0 = NaN: reported, with the fix."""
     report = run(tiny_model(), tiny_windows(), loss_fn=lm_loss, lr=LR)
+    assert report.get("all-padding batch").status is Status.PASS
+
+    def naive_mean(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(),
+                                                 ignore_index=-100)
+
+    report = run(tiny_model(), tiny_windows(), loss_fn=naive_mean, lr=LR)
     check = report.get("all-padding batch")
     assert check.status is Status.WARN, check
     assert check.details["nonfinite_logits"] == 0 and math.isnan(check.details["loss"])

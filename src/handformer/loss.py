@@ -15,7 +15,8 @@ IGNORE_INDEX = -100
 
 
 def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean next-token cross-entropy over positions whose target is not ``IGNORE_INDEX``.
+    """Mean next-token cross-entropy over positions whose target is not ``IGNORE_INDEX``
+    (0 when there are none).
 
     logits (B, T, V), targets (B, T) — already shifted: ``targets[:, t]`` is the token that
     follows ``ids[:, t]``.
@@ -25,11 +26,17 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
             f"lm_loss expects logits (B, T, V) and targets (B, T); got logits "
             f"{tuple(logits.shape)} and targets {tuple(targets.shape)}"
         )
-    return F.cross_entropy(
+    flat_targets = targets.flatten()  # (B·T,)
+    total = F.cross_entropy(
         logits.flatten(0, 1).float(),  # (B·T, V)
-        targets.flatten(),  # (B·T,)
+        flat_targets,
         ignore_index=IGNORE_INDEX,
+        reduction="sum",
     )
+    # Sum / count rather than "mean": a batch with no real target gives 0 (not 0/0 = NaN,
+    # which would poison a whole accumulated step), and no host sync is needed.
+    count = (flat_targets != IGNORE_INDEX).sum().clamp(min=1)
+    return total / count
 
 
 def classification_loss(logits: Tensor, targets: Tensor) -> Tensor:
