@@ -136,12 +136,14 @@ class TokenEmbedding(nn.Module):
         self.dropout = nn.Dropout(c.dropout)
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None,
-                token_types: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                token_types: Tensor | None = None,
+                positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Returns ``(x, positions)``: x (B, T, C); positions (T,) or, with a mask, (B, T).
-        ``token_types`` (B, T) selects segment vectors (default: segment 0 everywhere)."""
-        if padding_mask is None:
+        ``token_types`` (B, T) selects segment vectors (default: segment 0 everywhere);
+        ``positions`` overrides the computed ones (cached decoding continues at an offset)."""
+        if positions is None and padding_mask is None:
             positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
-        else:
+        elif positions is None:
             positions = positions_from_padding(padding_mask)  # (B, T)
         x = self.token(ids) * self.scale  # (B, T, C)
         if self.positions is not None:

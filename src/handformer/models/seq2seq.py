@@ -36,6 +36,7 @@ from handformer.models.encoder import (
     check_ids,
     init_weights,
 )
+from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.positional import ADDITIVE_KINDS
 
 __all__ = ["Decoder", "EncoderDecoder", "Seq2SeqConfig", "greedy_decode"]
@@ -96,9 +97,11 @@ class Decoder(nn.Module):
         *,
         padding_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
     ) -> Tensor:
         """ids (B, T); memory (B, S, C); masks (B, T) / (B, S) bool, True on real tokens.
-        Returns logits (B, T, V)."""
+        With ``cache`` (from ``make_cache``), ``ids`` are the new target tokens only, after
+        the cached ones (target padding is not supported there). Returns logits (B, T, V)."""
         check_ids(ids, padding_mask, self.config.vocab_size, "Decoder")
         if memory.dim() != 3 or memory.shape[0] != ids.shape[0]:
             raise ValueError(f"Decoder expects memory (B, S, C) with B = {ids.shape[0]}; got "
@@ -106,9 +109,27 @@ class Decoder(nn.Module):
         if memory_mask is not None and memory_mask.shape != memory.shape[:2]:
             raise ValueError(f"memory_mask must be (B, S) = {tuple(memory.shape[:2])}; got "
                              f"{tuple(memory_mask.shape)}")
+        if cache is not None:
+            if padding_mask is not None:
+                raise ValueError("cached decoding takes no target padding_mask")
+            positions, start = cache.append_tokens(torch.ones_like(ids, dtype=torch.bool))
+            x, _ = self.embed(ids, positions=positions)  # (B, T, C)
+            key_positions = cache.key_positions[:, : start + ids.shape[1]]  # (B, S_tgt)
+            hidden = self.decode_embedded(x, memory, None, memory_mask, positions,
+                                          cache=cache, cache_start=start,
+                                          key_positions=key_positions)
+            cache.commit(ids.shape[1])
+            return self.lm_head(hidden)  # (B, T, V)
         x, positions = self.embed(ids, padding_mask)  # (B, T, C)
         hidden = self.decode_embedded(x, memory, padding_mask, memory_mask, positions)
         return self.lm_head(hidden)  # (B, T, V)
+
+    def make_cache(self, batch_size: int, max_len: int) -> DecoderCache:
+        """KV buffers for the decoder's self-attention (the encoder memory is fixed)."""
+        c = self.config
+        param = next(self.parameters())
+        return DecoderCache(c.n_layers, batch_size, c.n_kv_heads, max_len, c.head_dim,
+                            dtype=param.dtype, device=param.device)
 
     def decode_embedded(
         self,
@@ -117,6 +138,10 @@ class Decoder(nn.Module):
         padding_mask: Tensor | None = None,
         memory_mask: Tensor | None = None,
         positions: Tensor | None = None,
+        *,
+        cache: DecoderCache | None = None,
+        cache_start: int = 0,
+        key_positions: Tensor | None = None,
     ) -> Tensor:
         """The block stack alone: x (B, T, C), memory (B, S, C) → hidden (B, T, C)."""
         # Self-attention: causal, plus the target padding on the keys when there is any.
@@ -127,10 +152,12 @@ class Decoder(nn.Module):
         if self._in_attention_positions:
             if positions is None:
                 positions = torch.arange(x.shape[1], device=x.device)  # (T,)
-            extra = {"positions": positions, "key_positions": positions}
-        for block in self.blocks:
+            extra = {"positions": positions,
+                     "key_positions": positions if key_positions is None else key_positions}
+        for i, block in enumerate(self.blocks):
             x = block(x, mask=self_mask, is_causal=True, context=memory,
-                      context_mask=cross_mask, **extra)  # (B, T, C)
+                      context_mask=cross_mask, cache=None if cache is None else cache.layers[i],
+                      cache_start=cache_start, **extra)  # (B, T, C)
         return self.final_norm(x)
 
 
@@ -179,12 +206,14 @@ def greedy_decode(
     eos_id: int,
     max_new_tokens: int,
     pad_id: int = 0,
+    use_cache: bool = True,
 ) -> Tensor:
     """Argmax decoding. Returns (B, N ≤ max_new_tokens) ids after ``<bos>``; a row that
     has produced ``<eos>`` keeps it and is padded with ``pad_id`` afterwards.
 
-    The encoder runs once; the decoder is re-run over the whole prefix each step (no KV
-    cache). Stops early when every row has finished.
+    The encoder runs once. With ``use_cache`` the decoder's self-attention keys and values
+    are kept in a KV cache and each step feeds one token; without it the decoder is re-run
+    over the whole prefix (same tokens, slower). Stops early when every row has finished.
     """
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be positive; got {max_new_tokens}")
@@ -194,8 +223,13 @@ def greedy_decode(
     b = src.shape[0]
     out = torch.full((b, 1), bos_id, dtype=torch.long, device=src.device)  # (B, 1)
     done = torch.zeros(b, dtype=torch.bool, device=src.device)  # (B,)
+    cache = model.decoder.make_cache(b, max_new_tokens + 1) if use_cache else None
     for _ in range(max_new_tokens):
-        logits = model.decode(out, memory, src_mask)[:, -1]  # (B, V)
+        if cache is None:
+            logits = model.decode(out, memory, src_mask)[:, -1]  # (B, V)
+        else:
+            logits = model.decoder(out[:, -1:], memory, memory_mask=src_mask,
+                                   cache=cache)[:, -1]  # (B, V)
         nxt = logits.argmax(dim=-1).masked_fill(done, pad_id)  # (B,)
         out = torch.cat([out, nxt[:, None]], dim=1)  # (B, t + 1)
         done |= nxt == eos_id
