@@ -155,8 +155,9 @@ def generate(
             else:
                 if new_start != start or cached_until == 0:
                     cache.reset()  # window moved (or first step): refill from the kept tokens
-                    cached_until = new_start
-                logits = model(out[:, cached_until:], mask[:, cached_until:], cache=cache)
+                    logits = model(out[:, new_start:], mask[:, new_start:], cache=cache)
+                else:  # one generated token, always a real one: no mask to look at
+                    logits = model(out[:, cached_until:], cache=cache)
                 cached_until = length
             start = new_start
             next_logits = apply_repetition_penalty(

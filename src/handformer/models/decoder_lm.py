@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
 from handformer.nn.block import TransformerBlock
+from handformer.nn.dropout import apply_dropout
 from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.positional import ADDITIVE_KINDS, build_positional
 
@@ -118,11 +119,13 @@ class DecoderLM(nn.Module):
                 " expected (B, T) bool with True on real tokens"
             )
         vocab = self.config.vocab_size
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            raise ValueError(
-                f"token ids must lie in [0, {vocab}); got min {int(ids.min())}, "
-                f"max {int(ids.max())} — was the tokenizer built for this model?"
-            )
+        if ids.numel():
+            lo, hi = (int(v) for v in torch.aminmax(ids))  # one pass, one sync
+            if lo < 0 or hi >= vocab:
+                raise ValueError(
+                    f"token ids must lie in [0, {vocab}); got min {lo}, max {hi} — was the "
+                    "tokenizer built for this model?"
+                )
 
     def forward(
         self,
@@ -138,13 +141,12 @@ class DecoderLM(nn.Module):
         t = ids.shape[1]
         cache_start = 0
         if cache is not None:
-            new_mask = (torch.ones_like(ids, dtype=torch.bool) if padding_mask is None
-                        else padding_mask.bool())
-            positions, cache_start = cache.append_tokens(new_mask)  # (B, T)
+            new_mask = None if padding_mask is None else padding_mask.bool()
+            positions, cache_start = cache.append_tokens(new_mask, t)  # (B, T)
             key_mask = cache.key_mask[:, : cache_start + t]  # (B, S)
             key_positions = cache.key_positions[:, : cache_start + t]  # (B, S)
-            # Only left padding needs a key mask; a fully real cache attends everywhere.
-            mask = None if bool(key_mask.all()) else combine_masks(key_mask)  # (B, 1, 1, S)
+            # Only padding needs a key mask; a fully real cache attends everywhere.
+            mask = combine_masks(key_mask) if cache.has_padding else None  # (B, 1, 1, S)
         elif padding_mask is None:
             positions = torch.arange(t, device=ids.device)  # (T,)
             key_positions = positions
@@ -157,7 +159,7 @@ class DecoderLM(nn.Module):
         x = self.token_embedding(ids) * self.embed_scale  # (B, T, C)
         if self.positions is not None:
             x = x + self.positions(positions)  # (B, T, C)
-        x = self.dropout(x)
+        x = apply_dropout(self.dropout, x)
         for i, block in enumerate(self.blocks):
             x = block(
                 x, mask=mask, is_causal=True, positions=positions, key_positions=key_positions,

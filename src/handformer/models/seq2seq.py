@@ -112,7 +112,7 @@ class Decoder(nn.Module):
         if cache is not None:
             if padding_mask is not None:
                 raise ValueError("cached decoding takes no target padding_mask")
-            positions, start = cache.append_tokens(torch.ones_like(ids, dtype=torch.bool))
+            positions, start = cache.append_tokens(None, ids.shape[1])
             x, _ = self.embed(ids, positions=positions)  # (B, T, C)
             key_positions = cache.key_positions[:, : start + ids.shape[1]]  # (B, S_tgt)
             hidden = self.decode_embedded(x, memory, None, memory_mask, positions,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from handformer.nn.attention import AttentionKind, MultiHeadAttention
+from handformer.nn.dropout import apply_dropout
 from handformer.nn.feedforward import FeedForward
 from handformer.nn.kv_cache import KVCache
 
@@ -62,10 +63,10 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout2 = nn.Dropout(dropout)
 
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer, dropout: nn.Module) -> Tensor:
+    def _residual(self, x: Tensor, norm: nn.Module, sublayer, dropout: nn.Dropout) -> Tensor:
         if self.norm == "pre":
-            return x + dropout(sublayer(norm(x)))
-        return norm(x + dropout(sublayer(x)))
+            return x + apply_dropout(dropout, sublayer(norm(x)))
+        return norm(x + apply_dropout(dropout, sublayer(x)))
 
     def forward(
         self,

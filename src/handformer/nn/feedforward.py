@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.nn.dropout import apply_dropout
+
 __all__ = ["ACTIVATIONS", "FeedForward"]
 
 # "gelu_tanh" is GELU's tanh approximation, the one GPT-2 was trained with.
@@ -43,4 +45,4 @@ class FeedForward(nn.Module):
             h = F.relu(h)
         else:
             h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
-        return self.fc_out(self.dropout(h))  # (B, T, C)
+        return self.fc_out(apply_dropout(self.dropout, h))  # (B, T, C)

@@ -69,18 +69,27 @@ class DecoderCache:
         self.key_positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
         self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.length = 0
+        self.has_padding = False  # any filled column that is not a real token?
 
     def reset(self) -> None:
         """Forget everything (buffers stay allocated and are overwritten on the next fill)."""
         self.length = 0
         self.next_position.zero_()
+        self.has_padding = False
 
-    def append_tokens(self, new_mask: Tensor) -> tuple[Tensor, int]:
+    def append_tokens(self, new_mask: Tensor | None, t: int | None = None
+                      ) -> tuple[Tensor, int]:
         """Register T new columns; returns their positions (B, T) and the write offset.
 
-        ``new_mask`` (B, T) bool marks real tokens among them.
+        ``new_mask`` (B, T) bool marks real tokens among them; ``None`` means all T are real
+        (then pass ``t``), which needs no look at the data — the common decoding step.
         """
-        b, t = new_mask.shape
+        if new_mask is None:
+            if t is None:
+                raise ValueError("append_tokens needs new_mask or t")
+            b = self.batch_size
+        else:
+            b, t = new_mask.shape
         if b != self.batch_size:
             raise ValueError(f"cache was set up for batch size {self.batch_size}; got {b}")
         start = self.length
@@ -88,9 +97,14 @@ class DecoderCache:
             raise ValueError(f"KV cache overflow: {start} cached + {t} new tokens > capacity "
                              f"{self.capacity}; reset the cache or set it up with a larger "
                              "max_len")
-        counts = new_mask.long().cumsum(dim=-1)  # (B, T)
+        if new_mask is None:
+            counts = torch.arange(1, t + 1, device=self.key_mask.device).expand(b, t)  # (B, T)
+            self.key_mask[:, start : start + t] = True
+        else:
+            counts = new_mask.long().cumsum(dim=-1)  # (B, T)
+            self.key_mask[:, start : start + t] = new_mask
+            self.has_padding = self.has_padding or not bool(new_mask.all())
         positions = (self.next_position[:, None] + counts - 1).clamp(min=0)  # (B, T)
-        self.key_mask[:, start : start + t] = new_mask
         self.key_positions[:, start : start + t] = positions
         self.next_position += counts[:, -1]
         return positions, start
