@@ -47,3 +47,25 @@ def test_bench_quick_tokenizer(tmp_path: Path) -> None:
     names = {r["name"] for r in merged["tokenizer"]["results"]}
     assert {"naive", "encode_array", "bpe encode_array"} <= names
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_train_with_a_bpe_tokenizer_saves_and_reloads_it(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    from handformer.tokenizers import BPETokenizer, load_tokenizer
+
+    text = tmp_path / "text.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 400, encoding="utf-8")
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--data", str(text), "--tokenizer", "bpe",
+                 "--vocab-size", "300", "--max-steps", "12", "--out", str(out),
+                 "--no-progress"]) == 0
+    tok = load_tokenizer(out / "tokenizer.json")
+    assert isinstance(tok, BPETokenizer) and tok.vocab_size <= 300
+    capsys.readouterr()
+    assert main(["generate", "--run", str(out), "--prompt", "def ", "--max-new-tokens", "5",
+                 "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("def ")
+    assert main(["train", "--resume", str(out), "--max-steps", "16", "--no-progress"]) == 0
+    assert main(["train", "--preset", "tiny", "--data", str(text), "--vocab-size", "300",
+                 "--out", str(tmp_path / "x"), "--no-progress"]) == 2

@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "--no-progress may be given)")
     train.add_argument("--overwrite", action="store_true",
                        help="replace an unfinished run in --out instead of refusing")
+    train.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
+                       help="characters (default) or a byte-level BPE learned on the text")
+    train.add_argument("--vocab-size", type=_positive_int, default=None,
+                       help="BPE vocabulary size (default 1000; with --tokenizer bpe)")
     train.add_argument("--max-steps", type=_positive_int, default=None)
     train.add_argument("--batch-size", type=_positive_int, default=None,
                        help="micro-batch size (windows per forward pass)")
@@ -142,12 +146,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
             model_overrides = {k: v for k, v in {
                 "attention": args.attention, "positional": args.positional,
                 "dropout": args.dropout}.items() if v is not None}
+            if args.vocab_size is not None and args.tokenizer != "bpe":
+                raise ValueError("--vocab-size applies to --tokenizer bpe only")
             print(f"training on {source} ({len(text):,} characters), preset {preset!r}",
                   flush=True)
             run = train_char_lm(
                 text, out_dir=args.out or Path("runs/default"), preset=preset,
                 model_overrides=model_overrides, train_overrides=_train_overrides(args),
                 progress=not args.no_progress, overwrite=args.overwrite,
+                tokenizer=args.tokenizer or "char", vocab_size=args.vocab_size or 1000,
                 data_source=BUILTIN_SOURCE if args.data is None else str(args.data.resolve()))
     except MissingExtraError as err:
         print(f"handformer train: error: {err}", file=sys.stderr)

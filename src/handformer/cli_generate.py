@@ -34,7 +34,10 @@ def add_generate_subcommand(sub: Any) -> None:
 
 
 def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
-    unknown = sorted({ch for p in prompts for ch in p if ch not in tokenizer.stoi})
+    vocabulary = getattr(tokenizer, "stoi", None)
+    if vocabulary is None:  # subword tokenizers: byte-level BPE never meets an unknown
+        return
+    unknown = sorted({ch for p in prompts for ch in p if ch not in vocabulary})
     if unknown:
         print(f"warning: {len(unknown)} character(s) not in the model's vocabulary are read "
               f"as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["SPECIAL_TOKENS", "BPETokenizer", "CharTokenizer", "HFTokenizer", "Tokenizer",
-           "load_tokenizer"]
+           "load_tokenizer", "tokenizer_from_dict"]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, UNK, BOS, EOS)
@@ -222,6 +222,10 @@ class HFTokenizer:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         return self.backend.decode(ids, skip_special_tokens=skip_special)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The library's own tokenizer.json content, as a dict."""
+        return json.loads(self.backend.to_str(pretty=False))
+
     def save(self, path: str | Path) -> None:
         atomic_write_text(Path(path), self.backend.to_str(pretty=False))
 
@@ -265,19 +269,26 @@ class BPETokenizer(HFTokenizer):
 Tokenizer = CharTokenizer | HFTokenizer
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """Load whichever tokenizer a ``tokenizer.json`` describes: handformer's character
-    vocabulary, or any Hugging Face ``tokenizers`` file (BPE, WordPiece, …)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+def tokenizer_from_dict(data: dict[str, Any], *, source: str = "tokenizer.json") -> Tokenizer:
+    """Rebuild whichever tokenizer a ``tokenizer.json`` dict describes: handformer's
+    character vocabulary, or any Hugging Face ``tokenizers`` file (BPE, WordPiece, …)."""
     if data.get("type") == "char":
         return CharTokenizer.from_dict(data)
     model = data.get("model")
     if isinstance(model, dict):
+        from tokenizers import Tokenizer as Backend
+
         try:
-            backend_cls = BPETokenizer if model.get("type") == "BPE" else HFTokenizer
-            return backend_cls.load(path)
+            backend = Backend.from_str(json.dumps(data))
         except Exception as err:  # the library raises its own exception type
-            raise ValueError(f"{path}: not a loadable Hugging Face tokenizer ({err})") from None
-    raise ValueError(f"{path}: unknown tokenizer format (type={data.get('type')!r}, no "
+            raise ValueError(f"{source}: not a loadable Hugging Face tokenizer ({err})") from None
+        return (BPETokenizer if model.get("type") == "BPE" else HFTokenizer)(backend)
+    raise ValueError(f"{source}: unknown tokenizer format (type={data.get('type')!r}, no "
                      "'model' section); expected handformer's character tokenizer "
                      "(type='char') or a Hugging Face tokenizer.json")
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load whichever tokenizer a ``tokenizer.json`` file describes."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return tokenizer_from_dict(data, source=str(path))

@@ -30,7 +30,7 @@ from handformer.corpora import builtin_text, read_text_file
 from handformer.data import LMWindows, train_val_split
 from handformer.generate import generate
 from handformer.models.decoder_lm import DecoderLM
-from handformer.tokenizers import CharTokenizer
+from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
     LossCurvePlot,
     MetricsWriter,
@@ -59,7 +59,7 @@ BUILTIN_SOURCE = "builtin:pydoc_data.topics"
 class LMRun:
     run_dir: Path
     model: DecoderLM
-    tokenizer: CharTokenizer
+    tokenizer: Tokenizer
     model_config: ModelConfig
     train_config: TrainConfig
     result: TrainResult
@@ -146,7 +146,7 @@ def prepare_fresh_run_dir(out_dir: Path, *, overwrite: bool) -> None:
 
 
 def _checkpoint_files(model_cfg: ModelConfig, train_cfg: TrainConfig,
-                      tokenizer: CharTokenizer, data: dict[str, Any]) -> dict[str, str]:
+                      tokenizer: Tokenizer, data: dict[str, Any]) -> dict[str, str]:
     """config.json and tokenizer.json as in the run root, so ``generate --run`` works on any
     checkpoint folder too."""
     config = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": data}
@@ -154,7 +154,7 @@ def _checkpoint_files(model_cfg: ModelConfig, train_cfg: TrainConfig,
             "tokenizer.json": json.dumps(tokenizer.to_dict())}
 
 
-def _run(text: str, tokenizer: CharTokenizer, model: DecoderLM, model_cfg: ModelConfig,
+def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConfig,
          train_cfg: TrainConfig, out_dir: Path, data: dict[str, Any], *,
          resume: CheckpointInfo | None, progress: bool, sample_prompt: str,
          sample_tokens: int) -> LMRun:
@@ -174,7 +174,7 @@ def _run(text: str, tokenizer: CharTokenizer, model: DecoderLM, model_cfg: Model
         val_batches=val_batches,
         progress=progress,
         checkpoints=manager,
-        chars_per_token=1.0,  # a character tokenizer: one token is one character
+        chars_per_token=len(text) / max(len(ids), 1),  # 1 for characters, more for BPE
     )
     if resume is not None:
         trainer.resume(resume.path)
@@ -232,11 +232,20 @@ def train_char_lm(
     sample_tokens: int = 200,
     data_source: str | None = None,
     overwrite: bool = False,
+    tokenizer: str = "char",
+    vocab_size: int = 1000,
 ) -> LMRun:
-    """Train a fresh character LM. ``data_source`` (a file path or ``BUILTIN_SOURCE``) is
-    recorded so that ``resume_char_lm`` can read the same text again."""
-    tokenizer = CharTokenizer.from_text(text)
-    model_cfg, train_cfg = build_configs(preset, tokenizer.vocab_size, model_overrides,
+    """Train a fresh LM on characters (``tokenizer="char"``) or on a byte-level BPE learned
+    from the same text (``"bpe"``, ``vocab_size`` tokens). ``data_source`` (a file path or
+    ``BUILTIN_SOURCE``) is recorded so that ``resume_char_lm`` can read the same text again."""
+    if tokenizer == "char":
+        tok: Tokenizer = CharTokenizer.from_text(text)
+    elif tokenizer == "bpe":
+        tok = BPETokenizer.train(text, vocab_size=vocab_size)
+    else:
+        raise ValueError(f"tokenizer must be 'char' or 'bpe'; got {tokenizer!r}")
+    tokenizer_obj = tok
+    model_cfg, train_cfg = build_configs(preset, tokenizer_obj.vocab_size, model_overrides,
                                          train_overrides)
     if train_cfg.tensorboard:
         require_tensorboard()  # fail before anything is written or trained
@@ -244,7 +253,7 @@ def train_char_lm(
     prepare_fresh_run_dir(out_dir, overwrite=overwrite)
     seed_everything(train_cfg.seed)
     model = DecoderLM(model_cfg)
-    return _run(text, tokenizer, model, model_cfg, train_cfg, out_dir,
+    return _run(text, tokenizer_obj, model, model_cfg, train_cfg, out_dir,
                 data_record(text, data_source), resume=None, progress=progress,
                 sample_prompt=sample_prompt, sample_tokens=sample_tokens)
 
@@ -272,7 +281,7 @@ def resume_char_lm(
     try:
         model_cfg = ModelConfig.from_dict(config["model"])
         train_cfg = TrainConfig.from_dict(config["train"])
-        tokenizer = CharTokenizer.from_dict(
+        tokenizer = tokenizer_from_dict(
             read_checkpoint_json(info.path, "tokenizer.json", verify=False))
     except (KeyError, TypeError, ValueError) as err:
         if isinstance(err, CheckpointError):

@@ -25,7 +25,7 @@ from torch import nn
 
 from handformer.config import ModelConfig, TrainConfig
 from handformer.models.decoder_lm import DecoderLM
-from handformer.tokenizers import CharTokenizer, atomic_write_text, load_tokenizer
+from handformer.tokenizers import Tokenizer, atomic_write_text, load_tokenizer
 from handformer.train.callbacks import MetricsWriter  # re-exported: it used to live here
 
 __all__ = ["MetricsWriter", "RunFolderError", "load_run", "save_run"]
@@ -55,7 +55,7 @@ def save_run(
     run_dir: str | Path,
     model: nn.Module,
     model_config: ModelConfig,
-    tokenizer: CharTokenizer,
+    tokenizer: Tokenizer,
     train_config: TrainConfig | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
@@ -70,7 +70,7 @@ def save_run(
     return run_dir
 
 
-def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[DecoderLM, CharTokenizer,
+def load_run(run_dir: str | Path, *, device: str = "cpu") -> tuple[DecoderLM, Tokenizer,
                                                                      dict[str, Any]]:
     """Rebuild the model from ``config.json`` and load its weights; no pickle involved."""
     run_dir = Path(run_dir)
