@@ -31,7 +31,8 @@ from typing import Any
 import torch
 
 from handformer.data import Batch
-from handformer.tokenizers import CharTokenizer, atomic_write_text
+from handformer.tokenizers import CharTokenizer
+from handformer.train.atomic import atomic_write_text
 
 __all__ = [
     "ClassificationBatches",

@@ -14,13 +14,13 @@ byte-level BPE on a corpus with the ``tokenizers`` library. Both save the librar
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from handformer.train.atomic import atomic_write_text
 
 __all__ = ["SPECIAL_TOKENS", "BPETokenizer", "CharTokenizer", "HFTokenizer", "Tokenizer",
            "load_tokenizer", "tokenizer_from_dict"]
@@ -32,21 +32,6 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD, UNK, BOS, EOS)
 def _code_points(text: str) -> np.ndarray:
     """str → (N,) uint32 code points, without a Python-level loop."""
     return np.frombuffer(text.encode("utf-32-le", errors="surrogatepass"), dtype="<u4")
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a file via a temporary sibling + rename: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class CharTokenizer:

@@ -27,7 +27,8 @@ from handformer.corpora import builtin_text
 from handformer.data import LMWindows, train_val_split
 from handformer.models.decoder_lm import DecoderLM
 from handformer.nn.positional import POSITIONAL_KINDS
-from handformer.tokenizers import CharTokenizer, atomic_write_text
+from handformer.tokenizers import CharTokenizer
+from handformer.train.atomic import atomic_write_text
 from handformer.train.trainer import Trainer
 
 __all__ = ["LengthStudySettings", "add_experiment_subcommand", "run_length_study", "to_markdown"]

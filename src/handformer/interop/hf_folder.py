@@ -20,7 +20,8 @@ from handformer.interop.gpt2 import (
     from_gpt2_state_dict,
     to_gpt2_state_dict,
 )
-from handformer.tokenizers import HFTokenizer, atomic_write_text, load_tokenizer
+from handformer.tokenizers import HFTokenizer, load_tokenizer
+from handformer.train.atomic import atomic_write_text
 
 __all__ = ["export_gpt2_folder", "import_gpt2_folder"]
 

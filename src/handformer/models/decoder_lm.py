@@ -21,6 +21,7 @@ from handformer.config import ModelConfig
 from handformer.masks import combine_masks
 from handformer.nn.block import TransformerBlock
 from handformer.nn.dropout import apply_dropout
+from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.positional import ADDITIVE_KINDS, build_positional
 
@@ -78,20 +79,8 @@ class DecoderLM(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, 0.02), residual output projections scaled by 1/√(2L)."""
-        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
-        for name, param in self.named_parameters():
-            if param.dim() < 2:
-                if name.endswith("bias"):
-                    nn.init.zeros_(param)
-                continue
-            std = residual_std if name.endswith(("out_proj.weight", "fc_out.weight")) else 0.02
-            nn.init.normal_(param, mean=0.0, std=std)
-        for module in self.modules():
-            if isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        """GPT-2 initialisation (``handformer.nn.init``)."""
+        init_weights(self, self.config.n_layers)
 
     def num_parameters(self, *, exclude_positions: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

@@ -29,6 +29,7 @@ from handformer.config import ModelConfig
 from handformer.masks import combine_masks
 from handformer.models.decoder_lm import positions_from_padding
 from handformer.nn.block import TransformerBlock
+from handformer.nn.init import init_weights  # re-exported: seq2seq imports it from here
 from handformer.nn.positional import ADDITIVE_KINDS, build_positional
 
 __all__ = [
@@ -44,24 +45,6 @@ __all__ = [
 ]
 
 POOLING_KINDS: tuple[str, ...] = ("cls", "mean")
-
-
-def init_weights(model: nn.Module, n_layers: int) -> None:
-    """GPT-2 initialisation (as ``DecoderLM``): N(0, 0.02) matrices, residual output
-    projections scaled by 1/√(2L) so the residual stream does not grow with depth."""
-    residual_std = 0.02 / math.sqrt(2 * n_layers)
-    for name, param in model.named_parameters():
-        if param.dim() < 2:
-            if name.endswith("bias"):
-                nn.init.zeros_(param)
-            continue
-        std = residual_std if name.endswith(("out_proj.weight", "fc_out.weight")) else 0.02
-        nn.init.normal_(param, mean=0.0, std=std)
-    for module in model.modules():
-        if isinstance(module, nn.LayerNorm):
-            nn.init.ones_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
 
 
 def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.ModuleList:

@@ -25,7 +25,8 @@ from torch import nn
 
 from handformer.config import ModelConfig, TrainConfig
 from handformer.models.decoder_lm import DecoderLM
-from handformer.tokenizers import Tokenizer, atomic_write_text, load_tokenizer
+from handformer.tokenizers import Tokenizer, load_tokenizer
+from handformer.train.atomic import atomic_write_text
 from handformer.train.callbacks import MetricsWriter  # re-exported: it used to live here
 
 __all__ = ["MetricsWriter", "RunFolderError", "load_run", "save_run"]
