@@ -38,6 +38,8 @@ def draw_chart(merged: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from handformer.train.plots import save_figure
+
     panels = [n for n in BENCHMARKS if n in merged]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, name in zip(axes[0], panels, strict=True):
@@ -69,10 +71,8 @@ def draw_chart(merged: dict[str, Any], path: Path) -> None:
         ax.set_title(name)
         ax.tick_params(axis="y", labelsize=7)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def add_bench_subcommand(sub: Any) -> None:

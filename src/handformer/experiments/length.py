@@ -152,6 +152,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from handformer.train.plots import save_figure
+
     fig, ax = plt.subplots(figsize=(6, 4))
     lengths = results["lengths"]
     for row in results["rows"]:
@@ -165,10 +167,8 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Trained at length {results['settings']['train_len']}: does it extrapolate?")
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def add_experiment_subcommand(sub: Any) -> None:

@@ -19,11 +19,11 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
-from handformer.nn.block import TransformerBlock
+from handformer.models.stack import build_blocks
 from handformer.nn.dropout import apply_dropout
 from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
-from handformer.nn.positional import ADDITIVE_KINDS, build_positional
+from handformer.nn.positional import build_positional
 
 __all__ = ["DecoderLM", "positions_from_padding"]
 
@@ -50,23 +50,7 @@ class DecoderLM(nn.Module):
         # by √C as in the original paper so the tokens are not drowned out.
         self.embed_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
         self.dropout = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(
-                c.d_model,
-                c.n_heads,
-                c.d_ff,
-                dropout=c.dropout,
-                norm=c.norm,
-                activation=c.activation,
-                attention=c.attention,  # type: ignore[arg-type]
-                bias=c.bias,
-                n_kv_heads=c.n_kv_heads,
-                positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
-                rope_base=c.rope_base,
-                layer_norm_eps=c.layer_norm_eps,
-            )
-            for _ in range(c.n_layers)
-        )
+        self.blocks = build_blocks(c)
         # Pre-norm leaves the residual stream un-normalised, so it needs a final LayerNorm;
         # post-norm blocks already end in one.
         self.final_norm: nn.Module = (

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
 from handformer.models.decoder_lm import positions_from_padding
-from handformer.nn.block import TransformerBlock
+from handformer.models.stack import build_blocks  # re-exported: seq2seq imports it from here
 from handformer.nn.init import init_weights  # re-exported: seq2seq imports it from here
 from handformer.nn.positional import ADDITIVE_KINDS, build_positional
 
@@ -45,29 +45,6 @@ __all__ = [
 ]
 
 POOLING_KINDS: tuple[str, ...] = ("cls", "mean")
-
-
-def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.ModuleList:
-    """``config.n_layers`` TransformerBlocks; the only block class every model uses."""
-    c = config
-    return nn.ModuleList(
-        TransformerBlock(
-            c.d_model,
-            c.n_heads,
-            c.d_ff,
-            dropout=c.dropout,
-            norm=c.norm,
-            activation=c.activation,
-            attention=c.attention,  # type: ignore[arg-type]
-            bias=c.bias,
-            cross_attention=cross_attention,
-            n_kv_heads=c.n_kv_heads,
-            positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
-            rope_base=c.rope_base,
-            layer_norm_eps=c.layer_norm_eps,
-        )
-        for _ in range(c.n_layers)
-    )
 
 
 def check_ids(ids: Tensor, padding_mask: Tensor | None, vocab_size: int, who: str) -> None:

@@ -15,7 +15,14 @@ from typing import Any
 
 from handformer.train.atomic import atomic_write_bytes
 
-__all__ = ["plot_loss_curve", "read_metrics"]
+__all__ = ["plot_loss_curve", "read_metrics", "save_figure"]
+
+
+def save_figure(fig: Any, path: str | Path, *, dpi: int | None = None) -> None:
+    """Render a matplotlib figure to PNG and write it atomically (never a half-drawn file)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    atomic_write_bytes(path, buf.getvalue())
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -65,6 +72,4 @@ def plot_loss_curve(records: Iterable[dict[str, Any]], path: str | Path, *,
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    atomic_write_bytes(path, buf.getvalue())
+    save_figure(fig, path)
