@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main"]
 
@@ -22,7 +24,7 @@ def _positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from handformer.config import PRECISIONS, PRESETS
+    from handformer.config import PRECISIONS, PRESETS, STRATEGIES
     from handformer.nn.attention import ATTENTION_KINDS
     from handformer.nn.positional import POSITIONAL_KINDS
 
@@ -62,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "
                        "(cuda)")
+    train.add_argument("--strategy", choices=STRATEGIES, default=None,
+                       help="under torchrun: ddp (default; every rank holds the whole model) "
+                       "or fsdp (weights, gradients and optimizer state sharded over ranks)")
     train.add_argument("--compile", action="store_true", default=None,
                        help="compile the model with torch.compile")
     train.add_argument("--attention", choices=ATTENTION_KINDS, default=None)
@@ -102,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_RESUME_ALLOWED = {"resume", "max_steps", "no_progress", "command"}
+_RESUME_ALLOWED = {"resume", "max_steps", "no_progress", "strategy", "command"}
 
 
 def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -114,6 +119,7 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
         "checkpoint_interval": args.checkpoint_interval, "keep_last": args.keep_last,
         "early_stopping_patience": args.patience, "max_nonfinite_steps": args.max_nonfinite,
         "tensorboard": args.tensorboard, "loss_curve": False if args.no_plot else None,
+        "strategy": args.strategy,
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     if args.max_steps is not None and args.eval_interval is None:
@@ -122,23 +128,41 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
     return overrides
 
 
+def _is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a plain process: the one that prints."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
+    from handformer.train.distributed import shutdown_distributed
+
+    run = None
+    try:
+        code, run = _train(args)
+        return code
+    finally:
+        if run is not None:
+            shutdown_distributed(run.dist)
+
+
+def _train(args: argparse.Namespace) -> tuple[int, Any]:
     from handformer.corpora import builtin_text, read_text_file
     from handformer.train.callbacks import MissingExtraError
     from handformer.train.lm_run import BUILTIN_SOURCE, resume_char_lm, train_char_lm
     from handformer.train.trainer import NonFiniteError
 
+    say = print if _is_main_process() else (lambda *a, **k: None)
     try:
         if args.resume is not None:
             extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
                            if k not in _RESUME_ALLOWED and v not in (None, False))
             if extra:
                 raise ValueError(f"--resume takes the recipe from the run folder; it accepts "
-                                 f"only --max-steps and --no-progress, got {extra}")
-            print(f"resuming {args.resume}", flush=True)
+                                 f"only --max-steps, --strategy and --no-progress, got {extra}")
+            say(f"resuming {args.resume}", flush=True)
             run = resume_char_lm(args.resume, max_steps=args.max_steps,
-                                 progress=not args.no_progress)
-            print(f"resumed from step {run.resumed_from}")
+                                 progress=not args.no_progress, strategy=args.strategy)
+            say(f"resumed from step {run.resumed_from}")
         else:
             text = builtin_text() if args.data is None else read_text_file(args.data)
             source = "built-in Python documentation text" if args.data is None else str(args.data)
@@ -148,8 +172,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 "dropout": args.dropout}.items() if v is not None}
             if args.vocab_size is not None and args.tokenizer != "bpe":
                 raise ValueError("--vocab-size applies to --tokenizer bpe only")
-            print(f"training on {source} ({len(text):,} characters), preset {preset!r}",
-                  flush=True)
+            say(f"training on {source} ({len(text):,} characters), preset {preset!r}",
+                flush=True)
             run = train_char_lm(
                 text, out_dir=args.out or Path("runs/default"), preset=preset,
                 model_overrides=model_overrides, train_overrides=_train_overrides(args),
@@ -158,10 +182,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
                 data_source=BUILTIN_SOURCE if args.data is None else str(args.data.resolve()))
     except MissingExtraError as err:
         print(f"handformer train: error: {err}", file=sys.stderr)
-        return 2
+        return 2, None
     except NonFiniteError as err:
-        print(f"handformer train: error: {err}", file=sys.stderr)
-        return 3
+        say(f"handformer train: error: {err}", file=sys.stderr)
+        return 3, None
+    if not run.dist.is_main:
+        return 0, run
     r = run.result
     print(f"\nparameters: {run.model.num_parameters():,}   steps: {r.steps}   "
           f"time: {r.seconds:.1f}s   median step: {r.median_step_ms:.1f} ms")
@@ -172,12 +198,26 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if r.nonfinite_steps:
         print(f"skipped steps (non-finite loss or gradient): {r.nonfinite_steps}")
     print(f"run folder: {run.run_dir}")
+    if run.dist.is_distributed:
+        print(f"trained on {run.dist.world_size} processes ({run.train_config.strategy}), "
+              f"global batch {run.train_config.batch_size} windows")
     print("\n--- sample ---")
     print(run.sample)
-    return 0
+    return 0, run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from handformer.train.distributed import launched_by_torchrun
+
+    if launched_by_torchrun():
+        # torchrun's summary then shows the failing rank's traceback, not just its exit code.
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        return record(_main)(argv)
+    return _main(argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = _cmd_train if args.command == "train" else args.handler
     try:

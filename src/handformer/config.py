@@ -17,9 +17,10 @@ from handformer.nn.block import NORM_KINDS
 from handformer.nn.feedforward import ACTIVATIONS
 from handformer.nn.positional import POSITIONAL_KINDS
 
-__all__ = ["PRECISIONS", "PRESETS", "ModelConfig", "TrainConfig", "get_preset"]
+__all__ = ["PRECISIONS", "PRESETS", "STRATEGIES", "ModelConfig", "TrainConfig", "get_preset"]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")  # how torchrun ranks share the model
 
 C = TypeVar("C", bound="_DictMixin")
 
@@ -118,7 +119,10 @@ class TrainConfig(_DictMixin):
     """The optimisation recipe, saved in every run folder and checkpoint so a run can resume.
 
     ``block_size`` is the training window (≤ the model's max_len). ``batch_size`` is the
-    micro-batch: each optimiser step sees ``batch_size × grad_accum_steps`` windows.
+    micro-batch: each optimiser step sees ``batch_size × grad_accum_steps`` windows. Under
+    ``torchrun`` it is the *global* micro-batch, split evenly over the ranks, so a recipe means
+    the same on any number of processes; ``strategy`` (``ddp`` or ``fsdp``) says how they
+    share the model.
     ``checkpoint_interval=0`` checkpoints at every evaluation; ``early_stopping_patience=0``
     never stops early.
     """
@@ -148,6 +152,7 @@ class TrainConfig(_DictMixin):
     max_nonfinite_steps: int = 10
     loss_curve: bool = True
     tensorboard: bool = False
+    strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
@@ -171,6 +176,7 @@ class TrainConfig(_DictMixin):
             raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas}")
         _check_choice("schedule", self.schedule, ("cosine", "linear", "constant"))
         _check_choice("precision", self.precision, PRECISIONS)
+        _check_choice("strategy", self.strategy, STRATEGIES)
         for name in ("compile", "loss_curve", "tensorboard"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"TrainConfig.{name} must be true or false; "

@@ -45,8 +45,9 @@ from handformer.train.checkpoint import (
     read_checkpoint_json,
     verify_checkpoint,
 )
+from handformer.train.distributed import DistContext, init_distributed
 from handformer.train.run_folder import METRICS, save_run
-from handformer.train.trainer import Trainer, TrainResult
+from handformer.train.trainer import Trainer, TrainResult, pick_device
 
 __all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_char_lm", "train_char_lm"]
 
@@ -66,6 +67,7 @@ class LMRun:
     unigram_loss: float
     sample: str
     resumed_from: int | None = None
+    dist: DistContext = dataclasses.field(default_factory=DistContext)
 
 
 def build_configs(
@@ -154,17 +156,26 @@ def _checkpoint_files(model_cfg: ModelConfig, train_cfg: TrainConfig,
             "tokenizer.json": json.dumps(tokenizer.to_dict())}
 
 
+def distributed_context(train_cfg: TrainConfig) -> DistContext:
+    """Join torchrun's process group when launched by it; a single process otherwise."""
+    return init_distributed(pick_device(train_cfg.device))
+
+
 def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConfig,
          train_cfg: TrainConfig, out_dir: Path, data: dict[str, Any], *,
          resume: CheckpointInfo | None, progress: bool, sample_prompt: str,
-         sample_tokens: int) -> LMRun:
+         sample_tokens: int, dist: DistContext) -> LMRun:
     ids = tokenizer.encode_array(text)
     train_ids, val_ids = train_val_split(ids, train_cfg.val_fraction)
     train_windows = LMWindows(train_ids, train_cfg.block_size, name="training split")
     val_windows = LMWindows(val_ids, train_cfg.block_size, name="validation split")
     val_batches = val_windows.fixed_batches(train_cfg.eval_batches, train_cfg.batch_size)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    # Every rank holds the manager (they must agree on when to save: under FSDP saving is a
+    # collective), but only rank 0 writes through it.
     manager = CheckpointManager(out_dir / CHECKPOINTS, keep_last=train_cfg.keep_last,
                                 files=_checkpoint_files(model_cfg, train_cfg, tokenizer, data))
     trainer = Trainer(
@@ -175,6 +186,7 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
         progress=progress,
         checkpoints=manager,
         chars_per_token=len(text) / max(len(ids), 1),  # 1 for characters, more for BPE
+        dist=dist,
     )
     if resume is not None:
         trainer.resume(resume.path)
@@ -185,9 +197,15 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
                                        title=f"{out_dir.name}: loss per token"))
     if train_cfg.tensorboard:
         callbacks.append(TensorBoardLogger(out_dir / TENSORBOARD, resume_step=resume_step))
-    trainer.callbacks = callbacks
+    trainer.callbacks = callbacks if dist.is_main else []
 
     result = trainer.fit()
+    final_model = trainer.parallel.full_model()  # gathered under FSDP (every rank calls it)
+    if not dist.is_main:
+        dist.barrier()  # wait for rank 0's run folder, then leave writing and sampling to it
+        return LMRun(out_dir, model, tokenizer, model_cfg, train_cfg, result, float("nan"),
+                     "", resume_step, dist)
+    model = final_model  # type: ignore[assignment]
     baseline = unigram_loss(train_ids, val_ids, tokenizer.vocab_size)
     best = result.best_step
     summary = {
@@ -216,8 +234,9 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
     sample_ids = generate(model, prompt, sample_tokens, temperature=0.8, top_k=None,
                           seed=train_cfg.seed)
     sample = tokenizer.decode(sample_ids[0].tolist())
+    dist.barrier()
     return LMRun(out_dir, model, tokenizer, model_cfg, train_cfg, result, baseline, sample,
-                 resume_step)
+                 resume_step, dist)
 
 
 def train_char_lm(
@@ -238,24 +257,32 @@ def train_char_lm(
     """Train a fresh LM on characters (``tokenizer="char"``) or on a byte-level BPE learned
     from the same text (``"bpe"``, ``vocab_size`` tokens). ``data_source`` (a file path or
     ``BUILTIN_SOURCE``) is recorded so that ``resume_char_lm`` can read the same text again."""
-    if tokenizer == "char":
-        tok: Tokenizer = CharTokenizer.from_text(text)
-    elif tokenizer == "bpe":
-        tok = BPETokenizer.train(text, vocab_size=vocab_size)
-    else:
+    if tokenizer not in ("char", "bpe"):
         raise ValueError(f"tokenizer must be 'char' or 'bpe'; got {tokenizer!r}")
-    tokenizer_obj = tok
+    # The model's vocabulary size is known only after the tokenizer; the process group only
+    # after the recipe (its device). So: a provisional recipe, the group, then the tokenizer.
+    _, provisional = build_configs(preset, 1, model_overrides, train_overrides)
+    dist = distributed_context(provisional)
+    if tokenizer == "char":
+        tokenizer_obj: Tokenizer = CharTokenizer.from_text(text)
+    else:
+        # Learned once, on rank 0; every other rank receives the very same merges.
+        learned = BPETokenizer.train(text, vocab_size=vocab_size) if dist.is_main else None
+        tokenizer_obj = tokenizer_from_dict(dist.broadcast_object(
+            learned.to_dict() if learned is not None else None))
     model_cfg, train_cfg = build_configs(preset, tokenizer_obj.vocab_size, model_overrides,
                                          train_overrides)
     if train_cfg.tensorboard:
         require_tensorboard()  # fail before anything is written or trained
     out_dir = Path(out_dir)
-    prepare_fresh_run_dir(out_dir, overwrite=overwrite)
+    if dist.is_main:
+        prepare_fresh_run_dir(out_dir, overwrite=overwrite)
+    dist.barrier()
     seed_everything(train_cfg.seed)
     model = DecoderLM(model_cfg)
     return _run(text, tokenizer_obj, model, model_cfg, train_cfg, out_dir,
                 data_record(text, data_source), resume=None, progress=progress,
-                sample_prompt=sample_prompt, sample_tokens=sample_tokens)
+                sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
 
 
 def resume_char_lm(
@@ -266,9 +293,11 @@ def resume_char_lm(
     progress: bool = True,
     sample_prompt: str = "\n",
     sample_tokens: int = 200,
+    strategy: str | None = None,
 ) -> LMRun:
     """Continue a run from its newest committed checkpoint, exactly: configs, tokenizer and
-    data come from the run folder; ``max_steps`` may extend the run."""
+    data come from the run folder; ``max_steps`` may extend the run. Under torchrun the
+    checkpoint may come from any number of processes (``strategy`` picks ddp or fsdp)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder not found: {run_dir}")
@@ -290,6 +319,8 @@ def resume_char_lm(
                               f"({type(err).__name__}: {err})") from None
     if max_steps is not None:
         train_cfg = dataclasses.replace(train_cfg, max_steps=max_steps)
+    if strategy is not None:
+        train_cfg = dataclasses.replace(train_cfg, strategy=strategy)
     if info.step >= train_cfg.max_steps:
         raise ValueError(f"{run_dir} already reached step {info.step} of max_steps="
                          f"{train_cfg.max_steps}; pass --max-steps N with N > {info.step} to "
@@ -301,6 +332,8 @@ def resume_char_lm(
         text = load_recorded_text(data, run_dir)
     elif _fingerprint(text) != data.get("sha256"):
         raise ValueError(f"the text given differs from the one {run_dir} was trained on")
+    dist = distributed_context(train_cfg)
     model = DecoderLM(model_cfg)
     return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
-                progress=progress, sample_prompt=sample_prompt, sample_tokens=sample_tokens)
+                progress=progress, sample_prompt=sample_prompt, sample_tokens=sample_tokens,
+                dist=dist)

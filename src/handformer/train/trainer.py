@@ -15,6 +15,7 @@ RNG, and the batch generator (the data position).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -37,6 +38,14 @@ from handformer.train.checkpoint import (
     read_trainer_state,
     verify_checkpoint,
 )
+from handformer.train.distributed import (
+    DistContext,
+    ParallelModel,
+    check_batch_splits,
+    local_value,
+    rank_device,
+    shard_rows,
+)
 from handformer.train.optim import build_optimizer, lr_at
 from handformer.train.precision import resolve_precision
 from handformer.train.rng import capture_rng, restore_rng
@@ -46,7 +55,7 @@ from handformer.train.state import (
     flatten_optimizer,
     restore_optimizer,
 )
-from handformer.train.testhooks import crash_point
+from handformer.train.testhooks import crash_point, raise_point
 
 __all__ = ["Callback", "NonFiniteError", "TrainResult", "Trainer", "pick_device"]
 
@@ -134,14 +143,21 @@ class Trainer:
         progress: bool = True,
         checkpoints: CheckpointManager | None = None,
         chars_per_token: float | None = None,
+        dist: DistContext | None = None,
     ) -> None:
         self.cfg = cfg
-        self.device = pick_device(cfg.device)
+        # Under torchrun (``dist``): every rank runs this same loop on its share of each
+        # batch; only rank 0 writes checkpoints, calls callbacks and shows progress.
+        self.dist = dist or DistContext()
+        check_batch_splits(cfg.batch_size, self.dist)
+        self.device = rank_device(pick_device(cfg.device), self.dist)
         self.model = model.to(self.device)
         self.precision = resolve_precision(cfg.precision, self.device)
+        self.parallel = ParallelModel(self.model, cfg.strategy, self.dist, self.device)
         # Compile a wrapper for the forward pass only; checkpoints save the plain module, so
         # their names carry no ``_orig_mod.`` prefix.
-        self.forward_model: nn.Module = torch.compile(self.model) if cfg.compile else self.model
+        forward = self.parallel.forward_module
+        self.forward_model: nn.Module = torch.compile(forward) if cfg.compile else forward
         self.train_batch = train_batch
         self.val_batches = list(val_batches)
         self.loss_fn = loss_fn
@@ -150,7 +166,11 @@ class Trainer:
         self.progress = progress
         self.checkpoints = checkpoints
         self.chars_per_token = chars_per_token
-        self.optimizer = build_optimizer(self.model, cfg)
+        self.optimizer = build_optimizer(self.model, cfg)  # after sharding: FSDP's params
+        # Under FSDP the full optimizer state passes through an optimizer of the unsharded
+        # replica, so checkpoints keep the single-process format.
+        self.replica_optimizer = (build_optimizer(self.parallel.replica, cfg)
+                                  if self.parallel.replica is not None else None)
         self.generator = torch.Generator().manual_seed(cfg.seed)  # the data position
         # Counters that make up the trainer state besides optimizer and RNGs.
         self.step = 0
@@ -164,6 +184,8 @@ class Trainer:
         self.finished = False
 
     def _emit(self, hook: str, *args: Any) -> None:
+        if not self.dist.is_main:
+            return
         for cb in self.callbacks:
             fn = getattr(cb, hook, None)
             if fn is not None:
@@ -171,8 +193,14 @@ class Trainer:
 
     # -- state --------------------------------------------------------------------------
     def state_dict(self) -> TrainerState:
-        """Everything beyond the weights that the next step depends on, as tensors + JSON."""
-        opt = flatten_optimizer(self.optimizer)
+        """Everything beyond the weights that the next step depends on, as tensors + JSON.
+        Under FSDP this gathers the optimizer state (every rank must call it); the result is
+        complete on rank 0."""
+        if self.replica_optimizer is not None:
+            self.parallel.gather_optimizer(self.optimizer, self.replica_optimizer)
+            opt = flatten_optimizer(self.replica_optimizer)
+        else:
+            opt = flatten_optimizer(self.optimizer)
         rng = capture_rng(self.generator)
         scaler = self.precision.scaler
         meta = {
@@ -207,7 +235,12 @@ class Trainer:
         for name, value in {"step": step, **counters}.items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise TrainerStateError(f"{name} must be an int >= 0; got {value!r}")
-        restore_optimizer(self.optimizer, TrainerState(state.tensors, opt_meta))
+        saved_opt = TrainerState(state.tensors, opt_meta)
+        if self.replica_optimizer is not None:
+            restore_optimizer(self.replica_optimizer, saved_opt)
+            self.parallel.scatter_optimizer(self.optimizer, self.replica_optimizer)
+        else:
+            restore_optimizer(self.optimizer, saved_opt)
         restore_rng(self.generator, TrainerState(state.tensors, rng_meta))
         scaler = self.precision.scaler
         if scaler is not None and scaler_state:
@@ -226,7 +259,11 @@ class Trainer:
         """Load weights and trainer state from a checkpoint folder: the next ``fit`` continues
         exactly where the saved run was."""
         info = verify_checkpoint(path)
-        load_weights(self.model, info.path, verify=False)
+        if self.parallel.replica is not None:  # FSDP: load full weights, then shard them
+            load_weights(self.parallel.replica, info.path, verify=False)
+            self.parallel.load_full_weights(self.parallel.replica)
+        else:
+            load_weights(self.model, info.path, verify=False)
         state = read_trainer_state(info.path, verify=False)
         try:
             self.load_state_dict(state)
@@ -240,28 +277,38 @@ class Trainer:
     # -- one step -------------------------------------------------------------------------
     def accumulate_gradients(self, micro_batches: Sequence[Batch]) -> Tensor:
         """Backward over micro-batches, each loss weighted by its share of target tokens, so
-        the summed gradient equals that of one batch holding them all. Returns the combined
-        loss, a detached 0-d tensor."""
+        the summed gradient equals that of one batch holding them all. Under torchrun the
+        shares are of the *global* token count and DDP/FSDP average over ranks, so the
+        gradient is that of the whole global batch. Returns the combined loss over all ranks,
+        a detached 0-d tensor."""
         if not micro_batches:
             raise ValueError("accumulate_gradients needs at least one micro-batch; got none")
-        if len(micro_batches) == 1:
+        world = self.dist.world_size
+        if len(micro_batches) == 1 and world == 1:
             weights: list[float | None] = [None]
         else:
             counts = [b.num_tokens for b in micro_batches]
-            total = sum(counts)
-            weights = [c / max(total, 1) for c in counts]
+            total = int(self.dist.all_reduce_sum(torch.tensor([sum(counts)]))[0])
+            # ×world because DDP/FSDP divide the summed gradient by the number of ranks.
+            weights = [c * world / max(total, 1) for c in counts]
         scaler = self.precision.scaler
         combined: Tensor | None = None
-        for batch, weight in zip(micro_batches, weights, strict=True):
-            with self.precision.autocast():
-                logits = self.forward_fn(self.forward_model, batch)
-                loss = self.loss_fn(logits, batch.targets)  # 0-d
-            if weight is not None:
-                loss = loss * weight
-            (loss if scaler is None else scaler.scale(loss)).backward()
+        last = len(micro_batches) - 1
+        for i, (batch, weight) in enumerate(zip(micro_batches, weights, strict=True)):
+            # Gradients are all-reduced once, on the last micro-step (DDP no_sync, FSDP's
+            # requires_gradient_sync); before it they only accumulate locally.
+            with self.parallel.no_sync() if i < last else contextlib.nullcontext():
+                with self.precision.autocast():
+                    logits = self.forward_fn(self.forward_model, batch)
+                    loss = self.loss_fn(logits, batch.targets)  # 0-d
+                if weight is not None:
+                    loss = loss * weight
+                (loss if scaler is None else scaler.scale(loss)).backward()
             part = loss.detach().float()
             combined = part if combined is None else combined + part
         assert combined is not None
+        if world > 1:
+            combined = self.dist.all_reduce_sum(combined) / world
         return combined
 
     def _train_step(self) -> _StepOutcome:
@@ -269,15 +316,19 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        micro = [self.train_batch(self.generator).to(self.device)
+        dropout_seed = self.dist.dropout_seed(cfg.seed, self.step)
+        if dropout_seed is not None:  # ranks > 0: their own dropout, a function of the step
+            torch.manual_seed(dropout_seed)
+        # Every rank draws the global batch from the shared generator and keeps its rows.
+        micro = [shard_rows(self.train_batch(self.generator), self.dist).to(self.device)
                  for _ in range(cfg.grad_accum_steps)]
         self.optimizer.zero_grad(set_to_none=True)
         loss = float(self.accumulate_gradients(micro))
         scaler = self.precision.scaler
         if scaler is not None:
             scaler.unscale_(self.optimizer)  # clip and report the true gradient norm
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+        grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)))
         status = "ok"
         if not math.isfinite(loss):
             status = "skipped"
@@ -295,21 +346,40 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Token-weighted validation loss, perplexity and bits per token (and per character
-        when ``chars_per_token`` is known)."""
+        when ``chars_per_token`` is known). Under torchrun each rank evaluates every
+        world_size-th batch and the sums are all-reduced: every rank gets the loss over all
+        validation batches, not its own shard's."""
         if not self.val_batches:
             return {}
         was_training = self.model.training
         self.model.eval()
+        # DDP's wrapper may broadcast buffers in forward; the plain module needs no collective.
+        model = self.model if self.parallel.strategy == "ddp" and self.dist.is_distributed \
+            else self.forward_model
+        world, rank = self.dist.world_size, self.dist.rank
+        rounds = -(-len(self.val_batches) // world)
         total, count = 0.0, 0
-        for batch in self.val_batches:
-            batch = batch.to(self.device)
+        for r in range(rounds):
+            index = r * world + rank
+            mine = index < len(self.val_batches)
+            if not mine and not self.parallel.is_sharded:
+                continue
+            # Under FSDP every rank must run as many forwards as the others (each one
+            # all-gathers weights); a rank without a batch left re-runs one, uncounted.
+            batch = self.val_batches[index if mine else 0].to(self.device)
             with self.precision.autocast():
-                logits = self.forward_fn(self.forward_model, batch)
+                logits = self.forward_fn(model, batch)
                 loss = self.loss_fn(logits, batch.targets)
-            n = batch.num_tokens
-            total += float(loss) * n
-            count += n
+            if mine:
+                n = batch.num_tokens
+                total += float(loss) * n
+                count += n
+        self.parallel.reshard()
         self.model.train(was_training)
+        if self.dist.is_distributed:
+            sums = self.dist.all_reduce_sum(torch.tensor([total, float(count)],
+                                                         dtype=torch.float64))
+            total, count = float(sums[0]), int(sums[1])
         loss = total / max(count, 1)
         metrics = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
                    "val_bits_per_token": loss / math.log(2)}
@@ -328,9 +398,14 @@ class Trainer:
     def _save(self, result: TrainResult, elapsed_base: float, start: float) -> None:
         assert self.checkpoints is not None
         self.elapsed_seconds = elapsed_base + time.perf_counter() - start
-        result.last_checkpoint = self.checkpoints.save(
-            self.step, self.model, self.state_dict(), best_step=self.best_step,
-            best_val_loss=self.best_val_loss)
+        state = self.state_dict()  # gathers under FSDP: every rank takes part
+        model = self.parallel.full_model()
+        self.dist.barrier()  # every rank is here before rank 0 writes and renames
+        if self.dist.is_main:
+            result.last_checkpoint = self.checkpoints.save(
+                self.step, model, state, best_step=self.best_step,
+                best_val_loss=self.best_val_loss)
+        self.dist.barrier()  # nobody runs ahead of (or exits before) the commit
 
     def _nonfinite_message(self, outcome: _StepOutcome) -> str:
         latest = self.checkpoints.latest() if self.checkpoints is not None else None
@@ -349,14 +424,20 @@ class Trainer:
         end = cfg.max_steps if stop_at is None else min(stop_at, cfg.max_steps)
         ckpt_every = cfg.effective_checkpoint_interval
         result = TrainResult(steps=self.step, start_step=self.step)
-        if self.checkpoints is not None:
+        if self.checkpoints is not None and self.dist.is_main:
             self.checkpoints.remove_stale()
         self.model.train()
         start, elapsed_base = time.perf_counter(), self.elapsed_seconds
-        bar = tqdm(total=cfg.max_steps, initial=self.step, disable=not self.progress,
+        bar = tqdm(total=cfg.max_steps, initial=self.step,
+                   disable=not (self.progress and self.dist.is_main),
                    dynamic_ncols=True, desc="train", mininterval=1.0)
         tokens_since, time_since, steps_since = 0, time.perf_counter(), 0
         stop_early = False
+
+        def say(text: str) -> None:
+            if self.dist.is_main:
+                bar.write(text)
+
         try:
             while self.step < end and not stop_early:
                 t0 = time.perf_counter()
@@ -399,13 +480,13 @@ class Trainer:
                         improved = self._track_best(metrics["val_loss"])
                         metrics = {"step": step, **metrics, "best_val_loss": self.best_val_loss}
                         result.evals.append(metrics)
-                        bar.write(f"step {step:>6}: train loss {out.loss:.4f}  "
+                        say(f"step {step:>6}: train loss {out.loss:.4f}  "
                                   f"val loss {metrics['val_loss']:.4f}")
                         self._emit("on_eval", step, metrics)
                         patience = cfg.early_stopping_patience
                         if patience and self.evals_since_best >= patience:
                             stop_early = True
-                            bar.write(f"early stopping at step {step}: no better validation "
+                            say(f"early stopping at step {step}: no better validation "
                                       f"loss in {patience} evaluations (best "
                                       f"{self.best_val_loss:.4f} at step {self.best_step})")
                 self.finished = final or stop_early
@@ -415,6 +496,7 @@ class Trainer:
                 if self.checkpoints is not None and (due or self.finished or step == end):
                     self._save(result, elapsed_base, start)
                 crash_point("step", step)
+                raise_point(self.dist.rank, step)
         finally:
             bar.close()
             self.elapsed_seconds = elapsed_base + time.perf_counter() - start
