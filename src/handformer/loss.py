@@ -19,7 +19,8 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     (0 when there are none).
 
     logits (B, T, V), targets (B, T) — already shifted: ``targets[:, t]`` is the token that
-    follows ``ids[:, t]``.
+    follows ``ids[:, t]``. Returns a 0-d float32 tensor (computed in float32 also under
+    autocast). Raises ``ValueError`` when the shapes do not fit.
     """
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
@@ -43,7 +44,8 @@ def classification_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy over examples whose label is not ``IGNORE_INDEX``.
 
     logits (B, K), targets (B,) class ids. One label per sequence: padding never reaches
-    the loss because pooling has already read only the real tokens.
+    the loss because pooling has already read only the real tokens. Raises ``ValueError``
+    when the shapes do not fit.
     """
     if logits.dim() != 2 or targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
         raise ValueError(

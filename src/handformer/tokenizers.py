@@ -37,8 +37,16 @@ def _code_points(text: str) -> np.ndarray:
 class CharTokenizer:
     """Character-level tokenizer with special tokens.
 
-    ``unknown="replace"`` maps characters outside the vocabulary to ``<unk>``;
-    ``unknown="error"`` raises ``ValueError`` naming them.
+    Ids 0-3 are ``<pad>`` (``pad_id``), ``<unk>`` (``unk_id``), ``<bos>`` and ``<eos>``; the
+    characters follow in sorted order (``CharTokenizer.from_text(text)`` builds the
+    vocabulary from a text). ``encode(text)`` → list of ids, ``encode_array`` → (N,) int64
+    array, ``decode(ids)`` → text; a batch for a model is ``torch.tensor([ids])`` of shape
+    (B, T).
+
+    ``unknown="replace"`` (the default) maps characters outside the vocabulary to ``<unk>``,
+    which decodes as U+FFFD; ``unknown="error"`` raises ``ValueError`` naming them. The
+    constructor raises ``ValueError`` for repeated or multi-character entries, ``decode`` for
+    ids outside [0, vocab_size).
     """
 
     kind = "char"
@@ -74,6 +82,7 @@ class CharTokenizer:
     # -- properties ---------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
+        """Number of ids: the four special tokens plus the characters."""
         return len(self.itos)
 
     pad_id = 0
@@ -100,6 +109,8 @@ class CharTokenizer:
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
                unknown: str = "replace") -> list[int]:
+        """text → list of ids, optionally framed by ``<bos>`` / ``<eos>``; ``unknown`` as in
+        ``encode_array``."""
         ids = self.encode_array(text, unknown=unknown).tolist()
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
@@ -122,14 +133,18 @@ class CharTokenizer:
 
     # -- persistence --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """The JSON-able form saved as ``tokenizer.json`` in run folders."""
         return {"type": self.kind, "version": 1, "special_tokens": list(SPECIAL_TOKENS),
                 "chars": self.chars}
 
     def save(self, path: str | Path) -> None:
+        """Write ``to_dict()`` as JSON, atomically (a temporary file renamed into place)."""
         atomic_write_text(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CharTokenizer:
+        """Inverse of ``to_dict``; ``ValueError`` for another tokenizer type or different
+        special tokens."""
         if data.get("type") != cls.kind:
             raise ValueError(f"not a character tokenizer: type={data.get('type')!r}")
         if list(data.get("special_tokens", [])) != list(SPECIAL_TOKENS):
@@ -139,6 +154,7 @@ class CharTokenizer:
 
     @classmethod
     def load(cls, path: str | Path) -> CharTokenizer:
+        """Read a file written by ``save`` (errors as in ``from_dict``)."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
     def __repr__(self) -> str:

@@ -40,6 +40,9 @@ SECTION_TITLES: dict[str, str] = {
 
 
 class Status(str, enum.Enum):
+    """A check's verdict: PASS, WARN (suspicious, not proven wrong), FAIL (a bug, with the
+    evidence) or SKIP (not applicable, or an earlier failure makes it meaningless)."""
+
     PASS = "PASS"
     WARN = "WARN"
     FAIL = "FAIL"

@@ -60,6 +60,8 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True)
 class CheckpointInfo:
+    """A committed checkpoint folder (``…/step-00000500``) and the step it holds."""
+
     path: Path
     step: int
 
