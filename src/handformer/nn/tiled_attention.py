@@ -11,6 +11,10 @@ The backward pass is a hand-written ``autograd.Function`` that stores only q, k,
 output and the per-row log-sum-exp, and recomputes each tile's probabilities from them
 (the FlashAttention recipe, in plain PyTorch ops rather than a fused kernel).
 
+With a causal mask, the query rows that lie entirely above the diagonal of a key tile (they
+may attend to none of its keys) are skipped, forward and backward: their probabilities are
+exactly zero, so nothing changes but the work, which halves for square attention.
+
 Shape legend: ``B`` batch, ``H`` heads, ``T`` queries, ``S`` keys, ``K`` keys in one tile,
 ``D`` head dim.
 """
@@ -32,6 +36,19 @@ def _tile(x: Tensor | None, j0: int, j1: int) -> Tensor | None:
     if x is None or x.shape[-1] == 1:
         return x
     return x[..., j0:j1]
+
+
+def _rows(x: Tensor | None, r0: int) -> Tensor | None:
+    """Query rows [r0, T) of a mask/bias whose second-to-last axis is T (a broadcast axis, or
+    a mask with no query axis, stays as is)."""
+    if x is None or r0 == 0 or x.dim() < 2 or x.shape[-2] == 1:
+        return x
+    return x[..., r0:, :]
+
+
+def _first_row(j0: int, causal_offset: int | None) -> int:
+    """The first query row that may attend to key column j0 (0 without a causal mask)."""
+    return 0 if causal_offset is None else max(0, j0 - causal_offset)
 
 
 def _tile_scores(q: Tensor, k_tile: Tensor, scale: float, j0: int, allowed: Tensor | None,
@@ -61,18 +78,24 @@ class _TiledAttention(torch.autograd.Function):
         acc = torch.zeros((b, h, t, v.shape[-1]), dtype=q.dtype, device=q.device)
         for j0 in range(0, s, block):
             j1 = min(j0 + block, s)
-            scores, allowed = _tile_scores(q, k[..., j0:j1, :], scale, j0, _tile(mask, j0, j1),
-                                           _tile(bias, j0, j1), causal_offset)  # (B, H, T, K)
+            r0 = _first_row(j0, causal_offset)  # rows above it see nothing of this tile
+            if r0 >= t:
+                break  # this tile and every later one lie above the diagonal
+            offset = None if causal_offset is None else causal_offset + r0
+            scores, allowed = _tile_scores(
+                q[..., r0:, :], k[..., j0:j1, :], scale, j0, _rows(_tile(mask, j0, j1), r0),
+                _rows(_tile(bias, j0, j1), r0), offset)  # (B, H, T', K), T' = T - r0
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
-            m_new = torch.maximum(m, scores.amax(dim=-1, keepdim=True))  # (B, H, T, 1)
+            m_old = m[..., r0:, :]  # (B, H, T', 1)
+            m_new = torch.maximum(m_old, scores.amax(dim=-1, keepdim=True))
             # Rows that have seen no allowed key yet keep m = -inf: use 0 so exp() stays finite.
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-            p = torch.exp(scores - m_safe)  # (B, H, T, K); masked entries are exp(-inf) = 0
-            correction = torch.exp(m - m_safe)  # (B, H, T, 1); 0 where m was -inf
-            l = l * correction + p.sum(dim=-1, keepdim=True)  # noqa: E741
-            acc = acc * correction + p @ v[..., j0:j1, :]  # (B, H, T, D)
-            m = m_new
+            p = torch.exp(scores - m_safe)  # (B, H, T', K); masked entries are exp(-inf) = 0
+            correction = torch.exp(m_old - m_safe)  # (B, H, T', 1); 0 where m was -inf
+            l[..., r0:, :] = l[..., r0:, :] * correction + p.sum(dim=-1, keepdim=True)
+            acc[..., r0:, :] = acc[..., r0:, :] * correction + p @ v[..., j0:j1, :]
+            m[..., r0:, :] = m_new
         empty = l == 0  # rows that may attend to nothing: output zeros, as the reference
         out = torch.where(empty, torch.zeros_like(acc), acc / torch.where(empty, 1.0, l))
         lse = torch.where(empty, torch.full_like(m, float("inf")), m + torch.log(l))  # (B,H,T,1)
@@ -84,8 +107,8 @@ class _TiledAttention(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v, out, lse, mask, bias = ctx.saved_tensors
         scale, block = ctx.scale, ctx.block
-        s = k.shape[-2]
-        causal_offset = s - q.shape[-2] if ctx.is_causal else None
+        t, s = q.shape[-2], k.shape[-2]
+        causal_offset = s - t if ctx.is_causal else None
         grad_q = torch.zeros_like(q)
         grad_k = torch.zeros_like(k)
         grad_v = torch.zeros_like(v)
@@ -93,17 +116,23 @@ class _TiledAttention(torch.autograd.Function):
         delta = (grad_out * out).sum(dim=-1, keepdim=True)  # (B, H, T, 1)
         for j0 in range(0, s, block):
             j1 = min(j0 + block, s)
+            r0 = _first_row(j0, causal_offset)  # rows above it have p = 0 on this tile
+            if r0 >= t:
+                break
+            offset = None if causal_offset is None else causal_offset + r0
+            q_r, grad_out_r = q[..., r0:, :], grad_out[..., r0:, :]  # (B, H, T', D)
             k_tile, v_tile = k[..., j0:j1, :], v[..., j0:j1, :]  # (B, H, K, D)
-            scores, allowed = _tile_scores(q, k_tile, scale, j0, _tile(mask, j0, j1),
-                                           _tile(bias, j0, j1), causal_offset)
-            p = torch.exp(scores - lse)  # (B, H, T, K): the forward's probabilities, recomputed
+            scores, allowed = _tile_scores(q_r, k_tile, scale, j0, _rows(_tile(mask, j0, j1), r0),
+                                           _rows(_tile(bias, j0, j1), r0), offset)
+            # (B, H, T', K): the forward's probabilities, recomputed
+            p = torch.exp(scores - lse[..., r0:, :])
             if allowed is not None:
                 p = p.masked_fill(~allowed, 0.0)
-            grad_v[..., j0:j1, :] = p.transpose(-2, -1) @ grad_out  # (B, H, K, D)
-            grad_p = grad_out @ v_tile.transpose(-2, -1)  # (B, H, T, K)
-            grad_scores = p * (grad_p - delta) * scale  # (B, H, T, K)
-            grad_q += grad_scores @ k_tile  # (B, H, T, D)
-            grad_k[..., j0:j1, :] = grad_scores.transpose(-2, -1) @ q  # (B, H, K, D)
+            grad_v[..., j0:j1, :] = p.transpose(-2, -1) @ grad_out_r  # (B, H, K, D)
+            grad_p = grad_out_r @ v_tile.transpose(-2, -1)  # (B, H, T', K)
+            grad_scores = p * (grad_p - delta[..., r0:, :]) * scale  # (B, H, T', K)
+            grad_q[..., r0:, :] += grad_scores @ k_tile  # (B, H, T', D)
+            grad_k[..., j0:j1, :] = grad_scores.transpose(-2, -1) @ q_r  # (B, H, K, D)
         return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
