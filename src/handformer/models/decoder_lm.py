@@ -129,7 +129,9 @@ class DecoderLM(nn.Module):
             key_positions = positions
             mask = combine_masks(padding_mask.bool())  # (B, 1, 1, T)
 
-        x = self.token_embedding(ids) * self.embed_scale  # (B, T, C)
+        x = self.token_embedding(ids)  # (B, T, C)
+        if self.embed_scale != 1.0:  # a ×1 would cost a (B, T, C) pass forward and backward
+            x = x * self.embed_scale
         if self.positions is not None:
             x = x + self.positions(positions)  # (B, T, C)
         x = apply_dropout(self.dropout, x)
