@@ -32,14 +32,52 @@ def _model(positional: str, path: str, n_kv_heads: int = 4, **kw) -> DecoderLM:
 @pytest.mark.parametrize("positional", POSITIONALS)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
-def test_cached_logits_equal_full_recompute(positional: str, path: str, n_kv_heads: int) -> None:
-    model = _model(positional, path, n_kv_heads)
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_cached_logits_equal_full_recompute(positional: str, path: str, n_kv_heads: int,
+                                            norm: str) -> None:
+    model = _model(positional, path, n_kv_heads, norm=norm)
     ids = torch.randint(0, 37, (2, 16))
     full = model(ids)  # (B, T, V)
     cache = model.make_cache(2)
     pieces = [model(ids[:, :5], cache=cache)]  # prefill
     pieces += [model(ids[:, t : t + 1], cache=cache) for t in range(5, 16)]  # one by one
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-5)
+    # decode_step, generate's per-token path, gives the same logits as forward
+    lean = model.make_cache(2)
+    steps = [model(ids[:, :5], cache=lean)]
+    steps += [model.decode_step(ids[:, t : t + 1], lean)[:, None] for t in range(5, 16)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
+    assert lean.length == cache.length == 16
+    assert torch.equal(lean.key_positions, cache.key_positions)
+    assert torch.equal(lean.next_position, cache.next_position)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("path", PATHS)
+def test_decode_step_after_left_padded_prefill_equals_forward(positional: str,
+                                                               path: str) -> None:
+    model = _model(positional, path, 2, max_len=32)
+    ids, mask = left_pad([[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]])
+    nxt = torch.randint(0, 37, (3, 8))
+    cache, lean = model.make_cache(3), model.make_cache(3)
+    model(ids, mask, cache=cache)
+    model(ids, mask, cache=lean)
+    for t in range(8):
+        ref = model(nxt[:, t : t + 1], cache=cache)[:, -1]  # (B, V)
+        torch.testing.assert_close(model.decode_step(nxt[:, t : t + 1], lean), ref,
+                                   rtol=1e-4, atol=1e-5)
+    assert torch.equal(lean.key_mask, cache.key_mask)
+
+
+def test_decode_step_refuses_training_mode_and_a_full_cache() -> None:
+    model = _model("rope", "sdpa")
+    cache = model.make_cache(1, max_len=4)
+    model(torch.tensor([[1, 2, 3, 4]]), cache=cache)
+    with pytest.raises(ValueError, match="KV cache overflow"):
+        model.decode_step(torch.tensor([[5]]), cache)
+    model.train()
+    with pytest.raises(ValueError, match=r"model\.eval"):
+        model.decode_step(torch.tensor([[5]]), model.make_cache(1))
 
 
 @pytest.mark.parametrize("positional", POSITIONALS)

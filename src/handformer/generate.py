@@ -140,36 +140,45 @@ def generate(
     was_training = model.training
     model.eval()
 
-    out = ids.to(device)  # (B, T)
-    mask = (torch.ones_like(out, dtype=torch.bool) if padding_mask is None
-            else padding_mask.to(device).bool())  # (B, T)
-    finished = torch.zeros(out.shape[0], dtype=torch.bool, device=device)
-    cache: DecoderCache | None = model.make_cache(out.shape[0]) if use_cache else None  # type: ignore[operator]
+    # Room for every token up front: each step writes one column instead of copying the
+    # whole sequence into a new tensor.
+    b, length = ids.shape
+    tokens = torch.zeros(b, length + max_new_tokens, dtype=ids.dtype, device=device)
+    tokens[:, :length] = ids
+    real = torch.ones(b, length + max_new_tokens, dtype=torch.bool, device=device)
+    if padding_mask is not None:
+        real[:, :length] = padding_mask
+    out, mask = tokens[:, :length], real[:, :length]  # (B, T) each, views
+    finished = torch.zeros(b, dtype=torch.bool, device=device)
+    cache: DecoderCache | None = model.make_cache(b) if use_cache else None  # type: ignore[operator]
+    step = getattr(model, "decode_step", None)  # DecoderLM's per-token fast path
     start, cached_until = 0, 0  # window start; columns [start, cached_until) are cached
     try:
         for _ in range(max_new_tokens):
-            length = out.shape[1]
             new_start = _slide(start, length, max_len)
             if cache is None:
-                logits = model(out[:, new_start:], mask[:, new_start:])
+                logits = model(out[:, new_start:], mask[:, new_start:])[:, -1]  # (B, V)
             else:
                 if new_start != start or cached_until == 0:
                     cache.reset()  # window moved (or first step): refill from the kept tokens
-                    logits = model(out[:, new_start:], mask[:, new_start:], cache=cache)
-                else:  # one generated token, always a real one: no mask to look at
-                    logits = model(out[:, cached_until:], cache=cache)
+                    logits = model(out[:, new_start:], mask[:, new_start:], cache=cache)[:, -1]
+                elif step is not None:  # one generated token, always real: the lean step
+                    logits = step(out[:, cached_until:], cache)
+                else:
+                    logits = model(out[:, cached_until:], cache=cache)[:, -1]
                 cached_until = length
             start = new_start
             next_logits = apply_repetition_penalty(
-                logits[:, -1, :], out[:, start:], mask[:, start:], repetition_penalty
+                logits, out[:, start:], mask[:, start:], repetition_penalty
             )  # (B, V)
             nxt = sample_next(next_logits, temperature=temperature, top_k=top_k, top_p=top_p,
                               generator=generator)  # (B,)
             if eos_id is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
                 finished |= nxt == eos_id
-            out = torch.cat([out, nxt[:, None]], dim=1)  # (B, T+1)
-            mask = torch.cat([mask, torch.ones_like(nxt[:, None], dtype=torch.bool)], dim=1)
+            tokens[:, length] = nxt
+            length += 1
+            out, mask = tokens[:, :length], real[:, :length]  # (B, T+1) each
             stop = on_token(nxt) if on_token is not None else None
             if stop or (eos_id is not None and bool(finished.all())):
                 break

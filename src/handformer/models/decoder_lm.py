@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig
@@ -133,7 +134,7 @@ class DecoderLM(nn.Module):
         if self.embed_scale != 1.0:  # a ×1 would cost a (B, T, C) pass forward and backward
             x = x * self.embed_scale
         if self.positions is not None:
-            x = x + self.positions(positions)  # (B, T, C)
+            x = x + self.positions(positions).to(x.dtype)  # (B, T, C)
         x = apply_dropout(self.dropout, x)
         for i, block in enumerate(self.blocks):
             x = block(
@@ -143,3 +144,29 @@ class DecoderLM(nn.Module):
         if cache is not None:
             cache.commit(t)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
+
+    def decode_step(self, ids: Tensor, cache: DecoderCache) -> Tensor:
+        """One decoding step: ``ids`` (B, 1) holds one new real token per row, appended
+        after the cached ones. Returns the next-token logits (B, V).
+
+        The same numbers as ``forward(ids, cache=cache)[:, -1]`` (the tests hold them
+        equal), leaner for the per-token loop of ``generate``: the ids are the model's own
+        output, so they are not validated again; no causal mask, and a key mask only when
+        the cache holds padding; layers applied as plain functions of their weights (no
+        module calls, so no hooks). Inference only (no dropout); prefill with ``forward``.
+        """
+        if self.training:
+            raise ValueError("decode_step is for inference; call model.eval() first")
+        positions, start = cache.append_step()  # (B, 1)
+        x = F.embedding(ids, self.token_embedding.weight)  # (B, 1, C)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
+        if self.positions is not None:
+            x = x + self.positions.forward(positions).to(x.dtype)  # (B, 1, C)
+        key_positions = cache.key_positions[:, : start + 1]  # (B, S)
+        mask = combine_masks(cache.key_mask[:, : start + 1]) if cache.has_padding else None
+        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
+            x = block.decode_step(x, layer_cache, start, positions, key_positions, mask)
+        cache.commit(1)
+        x = self.final_norm.forward(x[:, -1])  # (B, C)
+        return F.linear(x, self.lm_head.weight)  # (B, V)

@@ -352,3 +352,44 @@ class MultiHeadAttention(nn.Module):
         )  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
         return self.out_proj(out), weights
+
+    def decode_step(
+        self,
+        x: Tensor,
+        cache: KVCache,
+        cache_start: int,
+        positions: Tensor,
+        key_positions: Tensor,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        """One decoding step of self-attention: the single-query case of ``forward``.
+
+        x (B, 1, C) holds one new token per row; its key and value are written into
+        ``cache`` at column ``cache_start`` and the query attends to every cached column.
+        ``positions`` (B, 1) and ``key_positions`` (B, S) feed RoPE / ALiBi; ``mask``
+        (B, 1, 1, S) is needed only when the cache holds padding. Returns (B, 1, C).
+
+        Leaner than ``forward`` for the per-token loop: no shape checks (the model calls it
+        with shapes it built), no causal mask (a lone query at the end of the keys may
+        attend to all of them), and the projections applied as plain functions of their
+        weights — a module call costs a few µs of Python, and at batch 1 a small model's
+        step is mostly such overhead (hooks do not fire here). Tests hold it equal to
+        ``forward``.
+        """
+        b = x.shape[0]
+        qkv = F.linear(x, self.in_proj.weight, self.in_proj.bias)  # (B, 1, C + 2·Hkv·D)
+        q, k, v = qkv.split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
+        # With one token, (B, 1, heads·D) → (B, heads, 1, D) is a view: no transpose.
+        q = q.view(b, self.n_heads, 1, self.head_dim)  # (B, H, 1, D)
+        k = k.view(b, self.n_kv_heads, 1, self.head_dim)  # (B, Hkv, 1, D)
+        v = v.view(b, self.n_kv_heads, 1, self.head_dim)  # (B, Hkv, 1, D)
+        if self.rotary is not None:
+            q = self.rotary.forward(q, positions)
+            k = self.rotary.forward(k, positions)
+        k, v = cache.update(k, v, cache_start)  # (B, Hkv, S, D) each
+        bias = None
+        if self.positional == "alibi":
+            bias = alibi_bias(self.alibi_slopes, positions, key_positions).to(q.dtype)
+        out, _ = attention(q, k, v, mask, kind=self.attention, bias=bias)  # type: ignore[arg-type]
+        out = out.reshape(b, 1, self.d_model)  # (B, H, 1, D) → (B, 1, C)
+        return F.linear(out, self.out_proj.weight, self.out_proj.bias)  # (B, 1, C)

@@ -10,6 +10,7 @@ Shape legend: ``B`` batch, ``T`` query length, ``S`` key/context length, ``C`` m
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.nn.attention import AttentionKind, MultiHeadAttention
@@ -105,3 +106,25 @@ class TransformerBlock(nn.Module):
                 self.dropout_cross,
             )
         return self._residual(x, self.norm2, self.ffn, self.dropout2)
+
+    def decode_step(self, x: Tensor, cache: KVCache, cache_start: int, positions: Tensor,
+                    key_positions: Tensor, mask: Tensor | None = None) -> Tensor:
+        """One decoding step, x (B, 1, C) → (B, 1, C): ``forward`` for a single new token
+        per row with a KV cache, at inference (no dropout). Arguments as in
+        ``MultiHeadAttention.decode_step``; blocks with cross-attention use ``forward``.
+        Norms and sub-layers are applied as plain functions (no module calls; see there)."""
+        if self.cross_attn is not None:
+            raise ValueError("decode_step is for decoder-only blocks; this block has "
+                             "cross-attention: use forward(..., context=...)")
+        attn, ffn = self.self_attn, self.ffn
+        args = (cache, cache_start, positions, key_positions, mask)
+        if self.norm == "pre":
+            x = x + attn.decode_step(_layer_norm(self.norm1, x), *args)
+            return x + ffn.decode_step(_layer_norm(self.norm2, x))
+        x = _layer_norm(self.norm1, x + attn.decode_step(x, *args))
+        return _layer_norm(self.norm2, x + ffn.decode_step(x))
+
+
+def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    """``norm(x)`` without the module call."""
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)

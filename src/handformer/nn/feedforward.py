@@ -39,10 +39,17 @@ class FeedForward(nn.Module):
         self.fc_out = nn.Linear(d_ff, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.fc_in(x)  # (B, T, F)
+    def _activate(self, h: Tensor) -> Tensor:
         if self.activation == "relu":
-            h = F.relu(h)
-        else:
-            h = F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+            return F.relu(h)
+        return F.gelu(h, approximate="tanh" if self.activation == "gelu_tanh" else "none")
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self._activate(self.fc_in(x))  # (B, T, F)
         return self.fc_out(apply_dropout(self.dropout, h))  # (B, T, C)
+
+    def decode_step(self, x: Tensor) -> Tensor:
+        """``forward`` at inference, with the linear layers applied as plain functions
+        (no module calls, no dropout): the per-token decoding path."""
+        h = self._activate(F.linear(x, self.fc_in.weight, self.fc_in.bias))  # (B, T, F)
+        return F.linear(h, self.fc_out.weight, self.fc_out.bias)  # (B, T, C)

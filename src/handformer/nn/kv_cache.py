@@ -109,6 +109,20 @@ class DecoderCache:
         self.next_position += counts[:, -1]
         return positions, start
 
+    def append_step(self) -> tuple[Tensor, int]:
+        """Register one new real token per row — a decoding step; returns its positions
+        (B, 1) and the write offset. The same as ``append_tokens(None, 1)`` in fewer ops."""
+        start = self.length
+        if start >= self.capacity:
+            raise ValueError(f"KV cache overflow: {start} cached + 1 new token > capacity "
+                             f"{self.capacity}; reset the cache or set it up with a larger "
+                             "max_len")
+        positions = self.next_position[:, None].clone()  # (B, 1)
+        self.key_mask[:, start] = True
+        self.key_positions[:, start] = self.next_position
+        self.next_position += 1
+        return positions, start
+
     def commit(self, t: int) -> None:
         """Mark T appended columns as filled, once every layer has written them."""
         self.length += t
