@@ -143,3 +143,12 @@ def test_generate_incomplete_run_folder(tmp_path: Path,
     code = main(["generate", "--run", str(tmp_path)])
     assert code == 2
     assert "model.safetensors" in capsys.readouterr().err
+
+
+def test_generate_in_bfloat16(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    code = main(["generate", "--run", str(trained_run), "--prompt", "ab",
+                 "--max-new-tokens", "10", "--temperature", "0", "--dtype", "bfloat16"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("ab") and len(captured.out.rstrip("\n")) > 2
