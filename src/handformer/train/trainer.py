@@ -180,6 +180,7 @@ class Trainer:
         self.nonfinite_steps = 0
         self.overflow_steps = 0
         self.tokens_seen = 0
+        self.step_tokens = 0  # target tokens of the last step, summed over ranks
         self.elapsed_seconds = 0.0
         self.finished = False
 
@@ -284,11 +285,12 @@ class Trainer:
         if not micro_batches:
             raise ValueError("accumulate_gradients needs at least one micro-batch; got none")
         world = self.dist.world_size
+        counts = [b.num_tokens for b in micro_batches]
+        total = int(self.dist.all_reduce_sum(torch.tensor([sum(counts)]))[0])
+        self.step_tokens = total  # over all ranks: what tokens/s and tokens_seen count
         if len(micro_batches) == 1 and world == 1:
             weights: list[float | None] = [None]
         else:
-            counts = [b.num_tokens for b in micro_batches]
-            total = int(self.dist.all_reduce_sum(torch.tensor([sum(counts)]))[0])
             # ×world because DDP/FSDP divide the summed gradient by the number of ranks.
             weights = [c * world / max(total, 1) for c in counts]
         scaler = self.precision.scaler
@@ -340,8 +342,7 @@ class Trainer:
             scaler.update()
         elif status == "ok":
             self.optimizer.step()
-        tokens = sum(b.num_tokens for b in micro)
-        return _StepOutcome(loss, grad_norm, lr, tokens, status)
+        return _StepOutcome(loss, grad_norm, lr, self.step_tokens, status)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
