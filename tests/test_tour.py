@@ -23,6 +23,7 @@ import io
 import re
 import sys
 import time
+import tokenize
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,18 +214,29 @@ def test_every_link_in_the_tours_and_readmes_resolves(doc: Path) -> None:
     assert not problems, "\n".join(problems)
 
 
+def code_shape(source: str) -> list[str]:
+    """The tokens of a snippet with comments dropped and every string literal blanked: what
+    must agree between the two languages (the words printed and explained may differ)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return ['""' if t.type == tokenize.STRING else t.string for t in tokens
+            if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+                              tokenize.DEDENT, tokenize.ENDMARKER)]
+
+
 def test_both_tours_have_the_same_sections_and_code() -> None:
-    """The Chinese tour is written for its readers, but walks the same road: the same number of
-    sections and the same python blocks (comments aside), so neither falls behind."""
+    """The Chinese tour is written for its readers, but walks the same road: the same
+    sections and the same python code (comments and strings aside), so neither falls
+    behind."""
     english, chinese = (t.read_text(encoding="utf-8") for t in TOURS)
     heading = re.compile(r"^## (\d+)\.", re.M)
     assert heading.findall(english) == heading.findall(chinese)
-
-    def code(text: str) -> list[str]:
-        return [re.sub(r"\s*#.*$", "", b.body, flags=re.M).strip()
-                for b in parse_blocks(text) if b.lang == "python"]
-
-    assert code(english) == code(chinese)
+    en, zh = ([code_shape(b.body) for b in parse_blocks(text) if b.lang == "python"]
+              for text in (english, chinese))
+    if len(en) != len(zh):
+        pytest.fail(f"{len(en)} python blocks in tour.md, {len(zh)} in tour.zh.md; if one tour "
+                    "has a section the other has not yet, write it in both")
+    differ = [n for n, (a, b) in enumerate(zip(en, zh, strict=True)) if a != b]
+    assert not differ, f"python blocks {differ} (0-based) differ between the two tours"
 
 
 def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path: Path) -> None:
