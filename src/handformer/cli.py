@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_convert_subcommand(sub)
     add_experiment_subcommand(sub)
     add_bench_subcommand(sub)
-    return parser
+    from handformer.cli_examples import add_examples
+
+    return add_examples(parser)  # an "examples:" section in every command's --help
 
 
 _RESUME_ALLOWED = {"resume", "max_steps", "no_progress", "strategy", "command"}
