@@ -59,6 +59,12 @@ class ModelConfig(_DictMixin):
 
     ``layer_norm_eps``, ``embedding_norm`` (a LayerNorm right after the embeddings) and
     ``type_vocab_size`` (segment embeddings) exist so BERT-style checkpoints map exactly.
+
+    Choices are names: ``positional`` in sinusoidal / learned (default) / rope / alibi,
+    ``norm`` pre (default) / post, ``attention`` sdpa (default) / manual / tiled, ``activation``
+    gelu (default) / relu / gelu_tanh. ``max_len`` (default 64) is the longest window the
+    model attends over. Invalid values raise ``ValueError`` naming the field, e.g. a
+    ``d_model`` that ``n_heads`` does not divide or an unknown ``positional``.
     """
 
     vocab_size: int
@@ -111,6 +117,7 @@ class ModelConfig(_DictMixin):
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head, ``D = d_model / n_heads``."""
         return self.d_model // self.n_heads
 
 
@@ -125,6 +132,11 @@ class TrainConfig(_DictMixin):
     share the model.
     ``checkpoint_interval=0`` checkpoints at every evaluation; ``early_stopping_patience=0``
     never stops early.
+
+    The learning rate warms up linearly for ``warmup_steps`` (default 100), then follows
+    ``schedule`` (cosine by default) down to ``min_lr``; gradients are clipped to
+    ``grad_clip`` (default 1.0, 0 = off); ``precision`` is fp32 (default), bf16 or fp16
+    (CUDA only). Invalid values raise ``ValueError`` naming the field.
     """
 
     batch_size: int = 12
@@ -224,6 +236,7 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
+    """The named recipe from ``PRESETS``; ``ValueError`` listing the names if unknown."""
     try:
         return PRESETS[name]
     except KeyError:

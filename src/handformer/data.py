@@ -26,11 +26,20 @@ __all__ = ["Batch", "LMWindows", "collate_sequences", "train_val_split"]
 
 @dataclass
 class Batch:
+    """One batch for a language model (or any model the Trainer drives).
+
+    ``ids`` (B, T) long; ``targets`` (B, T) long, already shifted (``targets[:, t]`` follows
+    ``ids[:, t]``), ``IGNORE_INDEX`` where nothing is to be predicted (padding), so the loss
+    skips it; ``padding_mask`` (B, T) bool, True on real tokens, or ``None`` (default) when
+    there is no padding. ``LMWindows`` and ``collate_sequences`` build them.
+    """
+
     ids: Tensor  # (B, T) long
     targets: Tensor  # (B, T) long, IGNORE_INDEX where nothing is to be predicted
     padding_mask: Tensor | None = None  # (B, T) bool, True on real tokens; None = no padding
 
     def to(self, device: torch.device | str) -> Batch:
+        """A copy with every tensor on ``device``."""
         return Batch(
             self.ids.to(device, non_blocking=True),
             self.targets.to(device, non_blocking=True),
