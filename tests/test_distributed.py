@@ -224,3 +224,14 @@ def test_strategy_is_part_of_the_recipe() -> None:
         "fsdp"
     with pytest.raises(ValueError, match="strategy"):
         TrainConfig(strategy="horovod")
+
+
+def test_other_commands_refuse_to_run_under_torchrun(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from handformer.cli import main
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("torch.distributed.elastic.multiprocessing.errors.record",
+                        lambda fn: fn)  # no error file outside a real torchrun
+    assert main(["doctor", "--preset", "tiny"]) == 2
+    assert "only `handformer train` runs under torchrun" in capsys.readouterr().err

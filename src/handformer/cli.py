@@ -220,8 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
+    from handformer.train.distributed import launched_by_torchrun
+
     args = build_parser().parse_args(argv)
     handler = _cmd_train if args.command == "train" else args.handler
+    if args.command != "train" and launched_by_torchrun():
+        # N copies of a single-process command would race to write the same files.
+        print(f"handformer {args.command}: error: only `handformer train` runs under torchrun "
+              f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); run `handformer {args.command}` "
+              "as one process", file=sys.stderr)
+        return 2
     try:
         return handler(args)
     except (ValueError, OSError) as err:
