@@ -116,10 +116,16 @@ def generate(
 ) -> Tensor:
     """Extend ``ids`` (B, T) by up to ``max_new_tokens`` tokens; returns (B, T + new).
 
-    ``padding_mask`` (B, T) marks real prompt tokens (use ``left_pad`` for prompts of
-    different lengths). Rows that produced ``eos_id`` keep emitting it; generation stops
-    when all rows have. ``on_token(next_ids)`` is called after every step; returning True
-    stops generation (streaming, stop strings).
+    ``padding_mask`` (B, T) bool, True on real prompt tokens (use ``left_pad`` for prompts
+    of different lengths). ``temperature=0`` is greedy; default 1.0 samples from the model's
+    distribution, narrowed by ``top_k`` / ``top_p`` if given; ``seed`` makes sampling
+    reproducible. Rows that produced ``eos_id`` keep emitting it; generation stops when all
+    rows have. ``on_token(next_ids)`` is called after every step; returning True stops
+    generation (streaming, stop strings). ``use_cache=False`` recomputes the context every
+    step (same tokens, slower). Runs under ``torch.inference_mode()``, so the result cannot
+    enter autograd. Raises ``ValueError`` for an empty or non-(B, T) prompt, a mask of
+    another shape or a row without real tokens, negative ``max_new_tokens``, or invalid
+    sampling settings.
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "

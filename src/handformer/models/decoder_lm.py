@@ -39,7 +39,19 @@ def positions_from_padding(padding_mask: Tensor) -> Tensor:
 
 
 class DecoderLM(nn.Module):
-    """Causal language model. ``forward(ids, padding_mask=None) -> logits (B, T, V)``."""
+    """Causal language model. ``forward(ids, padding_mask=None) -> logits (B, T, V)``.
+
+    Built from a ``ModelConfig``: token embedding (+ the ``positional`` kind), ``n_layers``
+    causal ``TransformerBlock``s, a final LayerNorm for pre-norm stacks and a linear head,
+    tied to the embedding when ``tie_weights`` (the default). ``ids`` are (B, T) long;
+    ``padding_mask`` is (B, T) bool, True on real tokens (left or right padding; position
+    ids then count real tokens only). Returns logits, never a loss (see ``lm_loss``).
+
+    For decoding, ``make_cache(B)`` builds a KV cache that ``forward(..., cache=cache)``
+    takes explicitly (``generate`` does this). ``forward`` raises ``ValueError`` for ids that
+    are not (B, T) integers, ids outside [0, vocab_size), or a padding mask of another shape;
+    learned positions raise ``ValueError`` past ``max_len``.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -68,6 +80,7 @@ class DecoderLM(nn.Module):
         init_weights(self, self.config.n_layers)
 
     def num_parameters(self, *, exclude_positions: bool = False) -> int:
+        """Parameter count (a tied head counted once), optionally without the position table."""
         total = sum(p.numel() for p in self.parameters())
         if exclude_positions and self.positions is not None:
             total -= sum(p.numel() for p in self.positions.parameters())

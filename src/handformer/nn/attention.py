@@ -100,8 +100,11 @@ def scaled_dot_product_attention(
     """The reference attention, written out. Returns ``(output, weights)``.
 
     q (B, H, T, D), k (B, Hkv, S, D), v (B, Hkv, S, Dv), ``mask`` bool broadcastable to
-    (B, H, T, S); ``is_causal`` adds an end-aligned causal mask; ``bias`` is added to the
-    scores (ALiBi). Output (B, H, T, Dv), weights (B, H, T, S).
+    (B, H, T, S), True = may attend; ``is_causal`` adds an end-aligned causal mask; ``bias``
+    is added to the scores (ALiBi). Scores are scaled by ``scale`` (default 1/√D). Output
+    (B, H, T, Dv), weights (B, H, T, S); a query row with nothing to attend to gives zeros.
+    Raises ``ValueError`` for mismatched shapes, a non-boolean mask or one that does not
+    broadcast.
     """
     _check_qkv(q, k, v)
     groups = q.shape[1] // k.shape[1]
@@ -223,6 +226,17 @@ class MultiHeadAttention(nn.Module):
     so weights copy across without reshuffling. For self-attention one matmul computes all
     three; for cross-attention the query rows apply to ``x`` and the key/value rows to
     ``context``.
+
+    ``forward(x, context=None, *, mask=None, is_causal=False, need_weights=False, ...)``:
+    x (B, T, C) → (B, T, C) and the weights (B, H, T, S) when ``need_weights``. ``mask`` is
+    bool, broadcastable to (B, H, T, S), with True = may attend (torch's
+    ``nn.MultiheadAttention`` uses the opposite; convert with ``handformer.masks``).
+
+    Defaults: ``n_kv_heads=None`` (= ``n_heads``), ``dropout=0.0``, ``bias=True``,
+    ``attention="manual"``, ``positional="none"`` (or ``"rope"`` / ``"alibi"``). Raises
+    ``ValueError`` when ``n_heads`` does not divide ``d_model``, ``n_kv_heads`` does not
+    divide ``n_heads``, for an unknown kernel or positional kind, and for inputs or masks of
+    the wrong shape or dtype.
     """
 
     def __init__(

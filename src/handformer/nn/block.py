@@ -24,7 +24,15 @@ NORM_KINDS: tuple[str, ...] = ("pre", "post")
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention (+ optional cross-attention) + FFN, pre- or post-norm."""
+    """Self-attention (+ optional cross-attention) + FFN, pre- or post-norm.
+
+    ``forward(x, *, mask=None, is_causal=False, context=None, context_mask=None, ...)``:
+    x (B, T, C) → (B, T, C). Masks are bool with True = may attend. Defaults:
+    ``norm="pre"`` (``x + f(LN(x))``; ``"post"`` is ``LN(x + f(x))``), ``activation="gelu"``,
+    ``attention="manual"``, ``dropout=0.0``, no cross-attention. Raises ``ValueError`` for an
+    unknown ``norm`` (and whatever ``MultiHeadAttention`` refuses), and when a block with
+    cross-attention is called without ``context``.
+    """
 
     def __init__(
         self,
