@@ -95,6 +95,9 @@ class NonFiniteError(RuntimeError):
 
 @dataclass
 class TrainResult:
+    """What one ``Trainer.fit`` did: per-step training losses and times of this call, every
+    evaluation's metrics, counters, the best validation loss and the last checkpoint."""
+
     steps: int  # the step the run ended at (optimizer steps taken, resumed ones included)
     start_step: int = 0
     train_losses: list[float] = field(default_factory=list)  # one per step of this fit()
@@ -130,6 +133,19 @@ class _StepOutcome:
 
 
 class Trainer:
+    """The training loop: ``Trainer(model, cfg, train_batch=..., val_batches=...).fit()``.
+
+    ``train_batch(generator) -> Batch`` draws a training batch, ``forward_fn(model, batch)``
+    gives logits (default: ``model(batch.ids, padding_mask=batch.padding_mask)``) and
+    ``loss_fn(logits, targets)`` the loss (default ``lm_loss``). Each step sets the learning
+    rate from the step (``lr_at``), accumulates ``cfg.grad_accum_steps`` micro-batches under
+    the configured precision, clips to ``cfg.grad_clip`` (the pre-clip norm is logged) and
+    skips non-finite steps, raising ``NonFiniteError`` after ``cfg.max_nonfinite_steps`` of
+    them. Callbacks receive ``on_log`` / ``on_eval`` / ``on_end``; with ``checkpoints`` (a
+    ``CheckpointManager``) ``fit`` writes resumable checkpoints and ``resume(path)`` continues
+    one exactly (``CheckpointError`` if it is damaged or foreign).
+    """
+
     def __init__(
         self,
         model: nn.Module,
