@@ -9,12 +9,16 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "add_bench_subcommand", "draw_chart", "run_benchmarks"]
 
-BENCHMARKS = ("tokenizer", "generation", "train", "attention")
+BENCHMARKS = ("tokenizer", "generation", "train", "attention", "time_to_loss")
 _MODULES = {"tokenizer": "tokenizer_throughput", "generation": "generation_speed",
-            "train": "train_throughput", "attention": "attention_memory"}
+            "train": "train_throughput", "attention": "attention_memory",
+            "time_to_loss": "time_to_loss"}
+# Benchmarks that train on text take ``--data FILE`` (default: the built-in text).
+_TAKES_DATA = ("time_to_loss",)
 
 
-def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool) -> dict[str, Any]:
+def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool,
+                   data: Path | None = None) -> dict[str, Any]:
     import importlib
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -23,6 +27,8 @@ def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool) -> dict[s
         module = importlib.import_module(f"handformer.bench.{_MODULES[name]}")
         path = out_dir / f"{_MODULES[name]}.json"
         argv = ["--out", str(path)] + (["--quick"] if quick else [])
+        if data is not None and name in _TAKES_DATA:
+            argv += ["--data", str(data)]
         print(f"\n=== {name} ===", flush=True)
         code = module.main(argv)
         if code:
@@ -58,6 +64,15 @@ def draw_chart(merged: dict[str, Any], path: Path) -> None:
             ax.barh([f"{r['config']} {r['contender']}" for r in rows],
                     [r["tokens_per_s"] for r in rows])
             ax.set_xlabel("training tokens/s (higher is better)")
+        elif name == "time_to_loss":
+            for row in data["rows"]:
+                pts = [(p["train_seconds"], p["val_loss"]) for p in row["curve"]]
+                ax.plot(*zip(*pts, strict=True), marker=".", label=f"{row['label']} "
+                        f"({row['preset']})")
+            ax.axhline(data["target"], color="grey", linestyle="--", linewidth=1)
+            ax.set_xlabel("training seconds (evaluation excluded)")
+            ax.set_ylabel("validation loss")
+            ax.legend(fontsize=7)
         else:
             for path_name in ("manual", "sdpa", "tiled"):
                 pts = [(r["T"], r["peak_mib"]) for r in data["rows"]
@@ -81,6 +96,8 @@ def add_bench_subcommand(sub: Any) -> None:
     bench.add_argument("--only", action="append", choices=BENCHMARKS,
                        help="run only these (repeatable; default: all)")
     bench.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
+    bench.add_argument("--data", type=Path, default=None,
+                       help="text for time_to_loss (default: the built-in text)")
     bench.add_argument("--json", type=Path, default=None,
                        help="merged JSON (default: OUT_DIR/bench.json)")
     bench.set_defaults(handler=_run)
@@ -88,7 +105,7 @@ def add_bench_subcommand(sub: Any) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     names = tuple(args.only or BENCHMARKS)
-    merged = run_benchmarks(names, args.out_dir, args.quick)
+    merged = run_benchmarks(names, args.out_dir, args.quick, args.data)
     json_path = args.json or args.out_dir / "bench.json"
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(merged, indent=2), encoding="utf-8")

@@ -1,0 +1,51 @@
+"""benchmarks/time_to_loss.py (through ``handformer bench``) runs end to end in --quick mode
+and writes what it promises: both recipes' validation curves on the same windows, the
+training clock, the target and the ratio when both reach it. No timing is asserted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from handformer.bench.time_to_loss import Recipe, race
+from handformer.cli import main
+from handformer.models.decoder_lm import DecoderLM
+from handformer.train.lm_run import build_configs
+
+
+def test_bench_quick_time_to_loss(tmp_path: Path) -> None:
+    assert main(["bench", "--quick", "--only", "time_to_loss", "--out-dir", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "time_to_loss.json").read_text())
+    assert data["quick"] and data["target"] > 0 and data["threads"] >= 1
+    ref, fast = data["rows"]
+    assert (ref["preset"], fast["preset"]) == ("shakespeare-char", "shakespeare-fast")
+    for row in (ref, fast):
+        steps = [p["step"] for p in row["curve"]]
+        assert steps[0] == 0 and steps == sorted(steps)
+        clock = [p["train_seconds"] for p in row["curve"]]
+        assert clock == sorted(clock)
+        if row["reached"] is not None:
+            assert row["reached"]["val_loss"] <= data["target"]
+    if ref["reached"] and fast["reached"]:
+        assert data["ratio"] > 0
+    assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_race_stops_each_recipe_at_the_target() -> None:
+    text = "to be or not to be, that is the question. " * 200
+    tiny = dict(d_model=16, n_heads=2, n_layers=1)
+    recipes = [Recipe("a", "shakespeare-char", tiny, dict(max_steps=40, batch_size=4)),
+               Recipe("b", "shakespeare-char", tiny, dict(max_steps=40, batch_size=4,
+                                                          lr=3e-3, warmup_steps=0))]
+    rows = race(text, recipes, target=10.0, eval_every=10, eval_windows=8, eval_block=16,
+                verbose=False)
+    for row in rows:  # a target above the initial loss is reached at the first evaluation
+        assert row["reached"]["step"] == 10 and row["steps_run"] == 10
+
+
+def test_fast_preset_fits_the_budget() -> None:
+    """The issue's rule for the fast recipe: at most 1 M parameters (tinyshakespeare has 65
+    characters)."""
+    model_cfg, train_cfg = build_configs("shakespeare-fast", 65)
+    assert DecoderLM(model_cfg).num_parameters() <= 1_000_000
+    assert train_cfg.block_size <= model_cfg.max_len
