@@ -233,13 +233,11 @@ class ParallelModel:
         """The plain, unsharded model with the current weights (on rank 0 at least)."""
         if self.replica is None:
             return self.module
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
+        api, full = _state_dict_api()
         self.reshard()
-        full = get_model_state_dict(
-            self.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        weights = api.get_model_state_dict(self.module, options=full(cpu_offload=True))
         if self.ctx.is_main:
-            self.replica.load_state_dict(full)
+            self.replica.load_state_dict(weights)
         return self.replica
 
     def load_full_weights(self, source: nn.Module) -> None:
@@ -248,45 +246,39 @@ class ParallelModel:
             if source is not self.module:
                 self.module.load_state_dict(source.state_dict())
             return
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
+        api, full = _state_dict_api()
         self.reshard()
-        set_model_state_dict(self.module, source.state_dict(),
-                             options=StateDictOptions(full_state_dict=True))
+        api.set_model_state_dict(self.module, source.state_dict(), options=full())
 
     def gather_optimizer(self, optimizer: torch.optim.Optimizer,
                          replica_optimizer: torch.optim.Optimizer) -> None:
         """Full optimizer state into ``replica_optimizer`` (collective; filled on rank 0)."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-            set_optimizer_state_dict,
-        )
-
         assert self.replica is not None
+        api, full = _state_dict_api()
         self.reshard()
-        full = get_optimizer_state_dict(
-            self.module, optimizer,
-            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = api.get_optimizer_state_dict(self.module, optimizer,
+                                             options=full(cpu_offload=True))
         if self.ctx.is_main:
-            set_optimizer_state_dict(self.replica, replica_optimizer, full,
-                                     options=StateDictOptions(full_state_dict=True))
+            api.set_optimizer_state_dict(self.replica, replica_optimizer, state, options=full())
 
     def scatter_optimizer(self, optimizer: torch.optim.Optimizer,
                           replica_optimizer: torch.optim.Optimizer) -> None:
         """Shard the full state held by ``replica_optimizer`` (same on every rank) back."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_optimizer_state_dict,
-            set_optimizer_state_dict,
-        )
-
         assert self.replica is not None
+        api, full = _state_dict_api()
         self.reshard()
-        full = get_optimizer_state_dict(self.replica, replica_optimizer,
-                                        options=StateDictOptions(full_state_dict=True))
-        set_optimizer_state_dict(self.module, optimizer, full,
-                                 options=StateDictOptions(full_state_dict=True))
+        state = api.get_optimizer_state_dict(self.replica, replica_optimizer, options=full())
+        api.set_optimizer_state_dict(self.module, optimizer, state, options=full())
+
+
+def _state_dict_api() -> tuple[Any, Any]:
+    """torch's state-dict helpers for sharded models, and a maker of their "full tensors"
+    option. Imported on first use: a single-process run never pays for them."""
+    import functools
+
+    from torch.distributed.checkpoint import state_dict as api
+
+    return api, functools.partial(api.StateDictOptions, full_state_dict=True)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
