@@ -196,13 +196,13 @@ def check_links(path: Path) -> list[str]:
 # -- the tests --------------------------------------------------------------------------------
 @pytest.mark.parametrize("tour", TOURS, ids=[p.name for p in TOURS])
 def test_every_snippet_runs_and_prints_what_the_tour_shows(tour: Path) -> None:
-    started = time.perf_counter()
+    started = time.process_time()  # CPU time: a busy shared machine must not fail the test
     outcomes = run_tour(tour)
     problems = describe_failures(tour, outcomes)
     assert outcomes, f"{tour} has no python blocks"
     assert not problems, "\n\n".join(problems)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 45, f"{tour.name} took {elapsed:.1f} s; the tour must stay quick"
+    cpu = time.process_time() - started
+    assert cpu < 30, f"{tour.name} took {cpu:.1f} s of CPU; the tour must stay quick"
 
 
 LINKED = [*TOURS, ROOT / "README.md", ROOT / "README.zh.md"]
