@@ -253,3 +253,19 @@ def test_bfloat16_generation_runs_and_agrees_with_float32(positional: str, path:
     assert (low.argmax(-1) == full.argmax(-1)).float().mean() >= 0.9
     torch.testing.assert_close(low, full, rtol=0, atol=0.25)
     assert (out[:, 6:] == ref[:, 6:]).float().mean() >= 0.9
+
+
+def test_generated_ids_can_be_trained_on() -> None:
+    """generate works under inference_mode but returns an ordinary tensor: feeding its ids
+    to a model that is training must not raise "Inference tensors cannot be saved"."""
+    from handformer import DecoderLM, generate
+    from handformer.loss import lm_loss
+
+    torch.manual_seed(0)
+    model = DecoderLM(tiny_config())
+    out = generate(model, torch.tensor([[1, 2, 3]]), 5, temperature=0)
+    assert not out.is_inference()
+    model.train()
+    loss = lm_loss(model(out[:, :-1]), out[:, 1:])
+    loss.backward()
+    assert model.token_embedding.weight.grad is not None

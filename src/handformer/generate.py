@@ -16,7 +16,9 @@ Shape legend: ``B`` batch, ``T`` sequence so far, ``V`` vocabulary.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -98,7 +100,21 @@ def _slide(start: int, length: int, max_len: int) -> int:
     return start + stride * -(-overflow // stride)
 
 
-@torch.inference_mode()
+def _outside_inference_mode(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """Run ``fn`` under ``torch.inference_mode()`` (no autograd bookkeeping per token) but
+    hand back an ordinary tensor: an inference-mode tensor would raise "Inference tensors
+    cannot be saved for backward" the moment a user trains on the generated ids."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Tensor:
+        with torch.inference_mode():
+            out = fn(*args, **kwargs)
+        return out.clone()
+
+    return wrapper
+
+
+@_outside_inference_mode
 def generate(
     model: nn.Module,
     ids: Tensor,
@@ -122,10 +138,10 @@ def generate(
     reproducible. Rows that produced ``eos_id`` keep emitting it; generation stops when all
     rows have. ``on_token(next_ids)`` is called after every step; returning True stops
     generation (streaming, stop strings). ``use_cache=False`` recomputes the context every
-    step (same tokens, slower). Runs under ``torch.inference_mode()``, so the result cannot
-    enter autograd. Raises ``ValueError`` for an empty or non-(B, T) prompt, a mask of
-    another shape or a row without real tokens, negative ``max_new_tokens``, or invalid
-    sampling settings.
+    step (same tokens, slower). Runs under ``torch.inference_mode()``; the ids it returns
+    are an ordinary tensor, usable in training afterwards. Raises ``ValueError`` for an
+    empty or non-(B, T) prompt, a mask of another shape or a row without real tokens,
+    negative ``max_new_tokens``, or invalid sampling settings.
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
