@@ -5,7 +5,8 @@
 * a DDP run's checkpoint loads in a single process and gives the same validation loss;
 * a single-process checkpoint resumes under DDP and under FSDP and ends where the
   single-process run ended;
-* a rank that raises ends the whole job, non-zero, within a bounded time.
+* a rank that raises ends the whole job, non-zero, within a bounded time;
+* two launchers meeting at a rendezvous endpoint (as two machines would) train the same run.
 
 The real ``torchrun`` starts real processes: these tests are slow-marked (a few seconds per
 launch) and still run in CI. Tolerances: fp32 sums over ranks in a different order, so
@@ -180,6 +181,30 @@ def test_a_rank_that_raises_ends_the_job_nonzero_without_a_hang(runs: dict[str, 
     assert "rank 1 fails at step 5" in proc.stderr
     checkpoints = sorted(p.name for p in (root / "crashed" / "checkpoints").glob("step-*"))
     assert checkpoints == ["step-00000004"]  # the last one before the crash, committed
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_through_a_rendezvous_endpoint(runs: dict[str, Path]) -> None:
+    """Two torchrun launchers (as on two machines: --nnodes=2, one process each, each with
+    LOCAL_RANK 0) meet at a c10d rendezvous endpoint and train the same run."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    root = runs["root"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+           "--rdzv-backend=c10d", "--rdzv-id=handformer-test",
+           f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "handformer", "train",
+           "--data", "text.txt", *ARGS, "--out", "two-nodes"]
+    nodes = [subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [node.communicate(timeout=LAUNCH_TIMEOUT_S) for node in nodes]
+    for node, (out, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
+    assert sum("trained on 2 processes" in out for out, _ in outputs) == 1  # global rank 0
+    assert _max_diff(load_file(runs["single"] / "model.safetensors"),
+                     load_file(root / "two-nodes" / "model.safetensors")) < TOL
 
 
 # -- in-process pieces: fast ---------------------------------------------------------------
