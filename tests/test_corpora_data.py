@@ -427,3 +427,16 @@ def test_every_bad_input_raises_a_clear_error(make: Callable[[], object],
 def test_learned_positions_accept_last_position() -> None:
     pos = LearnedPositions(max_len=16, d_model=8)
     assert pos(torch.arange(16)[None]).shape == (1, 16, 8)
+
+
+def test_a_moved_batch_keeps_the_token_count_taken_on_the_cpu() -> None:
+    """The trainer reads num_tokens every step; counted on the CPU before ``to``, it never
+    has to wait for the device."""
+    from handformer.data import Batch
+    from handformer.loss import IGNORE_INDEX
+
+    targets = torch.tensor([[1, 2, IGNORE_INDEX], [3, IGNORE_INDEX, IGNORE_INDEX]])
+    batch = Batch(ids=torch.zeros(2, 3, dtype=torch.long), targets=targets)
+    moved = batch.to("meta")  # a device whose tensors hold no values: counting would fail
+    assert moved.num_tokens == 3
+    assert batch.num_tokens == 3

@@ -39,17 +39,30 @@ class Batch:
     padding_mask: Tensor | None = None  # (B, T) bool, True on real tokens; None = no padding
 
     def to(self, device: torch.device | str) -> Batch:
-        """A copy with every tensor on ``device``."""
-        return Batch(
+        """A copy with every tensor on ``device`` (and the token count, see ``num_tokens``)."""
+        moved = Batch(
             self.ids.to(device, non_blocking=True),
             self.targets.to(device, non_blocking=True),
             None if self.padding_mask is None else self.padding_mask.to(device),
         )
+        moved.carry_token_count(self)
+        return moved
+
+    def carry_token_count(self, source: Batch) -> None:
+        """Take ``source``'s token count when it is free: counted on the CPU (or already
+        counted). Reading ``num_tokens`` of a GPU batch would otherwise wait for the GPU."""
+        if source.targets.device.type == "cpu" or "_num_tokens" in source.__dict__:
+            self.__dict__["_num_tokens"] = source.num_tokens
 
     @property
     def num_tokens(self) -> int:
-        """Tokens that carry a target (what the loss averages over)."""
-        return int((self.targets != IGNORE_INDEX).sum())
+        """Tokens that carry a target (what the loss averages over). Counted once per batch
+        (batches are not modified in place); a batch moved off the CPU by ``to`` keeps the
+        count taken there, so the training loop never waits on the device for it."""
+        count = self.__dict__.get("_num_tokens")
+        if count is None:
+            count = self.__dict__["_num_tokens"] = int((self.targets != IGNORE_INDEX).sum())
+        return count
 
 
 def train_val_split(ids: np.ndarray | Tensor, val_fraction: float) -> tuple[Tensor, Tensor]:

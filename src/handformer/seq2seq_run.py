@@ -84,7 +84,9 @@ class Seq2SeqBatch(Batch):
                  for k, v in (("ids", self.ids), ("targets", self.targets),
                               ("padding_mask", self.padding_mask), ("src", self.src),
                               ("src_mask", self.src_mask))}
-        return Seq2SeqBatch(**moved)  # type: ignore[arg-type]
+        out = Seq2SeqBatch(**moved)  # type: ignore[arg-type]
+        out.carry_token_count(self)
+        return out
 
 
 def seq2seq_forward(model: nn.Module, batch: Batch) -> Tensor:

@@ -292,17 +292,20 @@ class Trainer:
         return info
 
     # -- one step -------------------------------------------------------------------------
-    def accumulate_gradients(self, micro_batches: Sequence[Batch]) -> Tensor:
+    def accumulate_gradients(self, micro_batches: Sequence[Batch],
+                             global_tokens: int | None = None) -> Tensor:
         """Backward over micro-batches, each loss weighted by its share of target tokens, so
         the summed gradient equals that of one batch holding them all. Under torchrun the
         shares are of the *global* token count and DDP/FSDP average over ranks, so the
-        gradient is that of the whole global batch. Returns the combined loss over all ranks,
-        a detached 0-d tensor."""
+        gradient is that of the whole global batch. ``global_tokens`` (the target tokens of
+        all ranks' micro-batches) saves an all-reduce when the caller knows it. Returns the
+        combined loss over all ranks, a detached 0-d tensor."""
         if not micro_batches:
             raise ValueError("accumulate_gradients needs at least one micro-batch; got none")
         world = self.dist.world_size
         counts = [b.num_tokens for b in micro_batches]
-        total = int(self.dist.all_reduce_sum(torch.tensor([sum(counts)]))[0])
+        total = global_tokens if global_tokens is not None else \
+            int(self.dist.all_reduce_sum(torch.tensor([sum(counts)]))[0])
         self.step_tokens = total  # over all ranks: what tokens/s and tokens_seen count
         if len(micro_batches) == 1 and world == 1:
             weights: list[float | None] = [None]
@@ -337,16 +340,20 @@ class Trainer:
         dropout_seed = self.dist.dropout_seed(cfg.seed, self.step)
         if dropout_seed is not None:  # ranks > 0: their own dropout, a function of the step
             torch.manual_seed(dropout_seed)
-        # Every rank draws the global batch from the shared generator and keeps its rows.
-        micro = [shard_rows(self.train_batch(self.generator), self.dist).to(self.device)
-                 for _ in range(cfg.grad_accum_steps)]
+        # Every rank draws the global batch from the shared generator and keeps its rows; the
+        # global token count is read on the CPU, before the batches move to the device.
+        drawn = [self.train_batch(self.generator) for _ in range(cfg.grad_accum_steps)]
+        global_tokens = sum(b.num_tokens for b in drawn)
+        micro = [shard_rows(b, self.dist).to(self.device) for b in drawn]
         self.optimizer.zero_grad(set_to_none=True)
-        loss = float(self.accumulate_gradients(micro))
+        loss_t = self.accumulate_gradients(micro, global_tokens)
         scaler = self.precision.scaler
         if scaler is not None:
             scaler.unscale_(self.optimizer)  # clip and report the true gradient norm
-        grad_norm = float(local_value(torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)))
+        norm_t = local_value(torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf))
+        # The step's one host sync: the non-finite guard decides here whether to step.
+        loss, grad_norm = torch.stack([loss_t.float(), norm_t.float()]).tolist()
         status = "ok"
         if not math.isfinite(loss):
             status = "skipped"
