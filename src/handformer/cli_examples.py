@@ -27,7 +27,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer train --resume runs/mine              # continue from the newest checkpoint",
         "handformer train --tokenizer bpe --vocab-size 2000 --out runs/bpe",
         "torchrun --standalone --nproc_per_node=2 -m handformer train --preset tiny --out runs/ddp",
-        "torchrun --standalone --nproc_per_node=2 -m handformer train --strategy fsdp --out r/fsdp",
+        "torchrun --standalone --nproc_per_node=2 -m handformer train --strategy fsdp  # sharded",
         "handformer train --data tinyshakespeare.txt --preset shakespeare-fast   # val 1.88 fast",
     ),
     "generate": (
