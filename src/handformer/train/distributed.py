@@ -71,12 +71,15 @@ class DistContext:
             dist.barrier()
 
     def all_reduce_sum(self, values: Tensor) -> Tensor:
-        """Sum ``values`` over ranks (a copy; the input is not changed)."""
+        """Sum ``values`` over ranks (a copy on the input's device; the input is unchanged).
+        nccl reduces only CUDA tensors, so CPU sums travel through this rank's GPU there."""
         if not self.is_distributed:
             return values
-        out = values.detach().clone()
+        on = torch.device("cuda", torch.cuda.current_device()) \
+            if dist.get_backend() == "nccl" else torch.device("cpu")
+        out = values.detach().to(on, copy=True)
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out
+        return out.to(values.device)
 
     def broadcast_object(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (for small picklable things made on rank 0 only)."""
