@@ -70,12 +70,18 @@ class LMRun:
     dist: DistContext = dataclasses.field(default_factory=DistContext)
 
 
+def build_train_config(preset: str,
+                       train_overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """The preset's training recipe with ``train_overrides`` applied."""
+    return TrainConfig.from_dict({**get_preset(preset).train, **(train_overrides or {})})
+
+
 def build_configs(
     preset: str, vocab_size: int, model_overrides: dict[str, Any] | None = None,
     train_overrides: dict[str, Any] | None = None,
 ) -> tuple[ModelConfig, TrainConfig]:
     p = get_preset(preset)
-    train_cfg = TrainConfig.from_dict({**p.train, **(train_overrides or {})})
+    train_cfg = build_train_config(preset, train_overrides)
     model_kwargs = {**p.model, **(model_overrides or {})}
     model_kwargs.setdefault("max_len", train_cfg.block_size)
     model_cfg = ModelConfig.from_dict({**model_kwargs, "vocab_size": vocab_size})
@@ -259,10 +265,9 @@ def train_char_lm(
     ``BUILTIN_SOURCE``) is recorded so that ``resume_char_lm`` can read the same text again."""
     if tokenizer not in ("char", "bpe"):
         raise ValueError(f"tokenizer must be 'char' or 'bpe'; got {tokenizer!r}")
-    # The model's vocabulary size is known only after the tokenizer; the process group only
-    # after the recipe (its device). So: a provisional recipe, the group, then the tokenizer.
-    _, provisional = build_configs(preset, 1, model_overrides, train_overrides)
-    dist = distributed_context(provisional)
+    # The process group comes first (a BPE is learned on rank 0 and sent to the others); it
+    # needs only the training recipe's device, not the model, whose vocabulary is unknown yet.
+    dist = distributed_context(build_train_config(preset, train_overrides))
     if tokenizer == "char":
         tokenizer_obj: Tokenizer = CharTokenizer.from_text(text)
     else:
