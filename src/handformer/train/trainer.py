@@ -128,7 +128,7 @@ class _StepOutcome:
     loss: float
     grad_norm: float
     lr: float
-    tokens: int
+    tokens: int  # target tokens of the step, summed over ranks
     status: str  # "ok", "skipped" (non-finite: guard), "overflow" (fp16: the scaler skipped)
 
 
@@ -196,7 +196,6 @@ class Trainer:
         self.nonfinite_steps = 0
         self.overflow_steps = 0
         self.tokens_seen = 0
-        self.step_tokens = 0  # target tokens of the last step, summed over ranks
         self.elapsed_seconds = 0.0
         self.finished = False
 
@@ -306,7 +305,6 @@ class Trainer:
         counts = [b.num_tokens for b in micro_batches]
         total = global_tokens if global_tokens is not None else \
             int(self.dist.all_reduce_sum(torch.tensor([sum(counts)]))[0])
-        self.step_tokens = total  # over all ranks: what tokens/s and tokens_seen count
         if len(micro_batches) == 1 and world == 1:
             weights: list[float | None] = [None]
         else:
@@ -365,7 +363,7 @@ class Trainer:
             scaler.update()
         elif status == "ok":
             self.optimizer.step()
-        return _StepOutcome(loss, grad_norm, lr, self.step_tokens, status)
+        return _StepOutcome(loss, grad_norm, lr, global_tokens, status)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
