@@ -1,7 +1,7 @@
 """The tutorial's length problem: does a classifier still train at sequence length 512?
 
 What it measures
-    The built-in balanced-brackets task (``handformer.tasks``; chance 50 %, and every
+    The built-in balanced-brackets task (``handformer.data.tasks``; chance 50 %, and every
     order-blind shortcut also scores 50 %) trained with ``handformer classify train``'s
     recipe at two lengths — strings of [L/2, L] characters, L = 128 and 512 — and one
     contrast run, each from the same seed:
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from handformer.classify_run import CLASSIFY_TRAIN, builtin_brackets_data, train_classifier
+from handformer.jobs.classify import CLASSIFY_TRAIN, builtin_brackets_data, train_classifier
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

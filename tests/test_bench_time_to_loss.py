@@ -9,8 +9,8 @@ from pathlib import Path
 
 from handformer.bench.time_to_loss import Recipe, race
 from handformer.cli import main
+from handformer.jobs.lm import build_configs
 from handformer.models.decoder_lm import DecoderLM
-from handformer.train.lm_run import build_configs
 
 
 def test_bench_quick_time_to_loss(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.classification import (
+from handformer.cli.encoders import main
+from handformer.data.classification import (
     ClassificationBatches,
     DatasetError,
     DataWarning,
@@ -23,7 +24,14 @@ from handformer.classification import (
     encode_texts,
     read_examples,
 )
-from handformer.classify_run import (
+from handformer.data.tasks import (
+    BRACKETS_CHANCE,
+    balanced_brackets,
+    brackets_examples,
+    is_balanced,
+    unbalanced_brackets,
+)
+from handformer.jobs.classify import (
     ClassifyData,
     builtin_brackets_data,
     confusion_matrix,
@@ -31,14 +39,6 @@ from handformer.classify_run import (
     predict_texts,
     scores_from_confusion,
     train_classifier,
-)
-from handformer.cli_encoders import main
-from handformer.tasks import (
-    BRACKETS_CHANCE,
-    balanced_brackets,
-    brackets_examples,
-    is_balanced,
-    unbalanced_brackets,
 )
 from handformer.tokenizers import CharTokenizer
 

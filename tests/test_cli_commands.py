@@ -9,8 +9,8 @@ import pytest
 
 from handformer.cli import main
 from handformer.models.decoder_lm import DecoderLM
+from handformer.runs.lm_folder import save_run
 from handformer.tokenizers import CharTokenizer
-from handformer.train.run_folder import save_run
 from tests.conftest import tiny_config
 
 

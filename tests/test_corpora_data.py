@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from handformer.config import ModelConfig, TrainConfig
-from handformer.corpora import CorpusError, builtin_text, read_text_file
 from handformer.data import Batch, LMWindows, collate_sequences, train_val_split
+from handformer.data.corpora import CorpusError, builtin_text, read_text_file
 from handformer.loss import IGNORE_INDEX
 from handformer.masks import (
     causal_mask,

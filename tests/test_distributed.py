@@ -29,11 +29,11 @@ from safetensors.torch import load_file
 
 from handformer import DecoderLM, ModelConfig
 from handformer.config import TrainConfig
-from handformer.corpora import builtin_text
 from handformer.data import Batch, LMWindows, train_val_split
+from handformer.data.corpora import builtin_text
 from handformer.loss import lm_loss
+from handformer.runs.lm_folder import load_run
 from handformer.train.distributed import DistContext, check_batch_splits, shard_rows
-from handformer.train.run_folder import load_run
 from handformer.train.trainer import Trainer
 
 LAUNCH_TIMEOUT_S = 180

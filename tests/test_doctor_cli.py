@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from handformer.cli.doctor import add_doctor_subcommand
 from handformer.config import ModelConfig
 from handformer.doctor import CHECK_NAMES
-from handformer.doctor.cli import add_doctor_subcommand
 from handformer.loss import lm_loss
 from handformer.models.decoder_lm import DecoderLM
+from handformer.runs.lm_folder import save_run
 from handformer.tokenizers import CharTokenizer
-from handformer.train.run_folder import save_run
 from tests.test_doctor import TEXT
 
 
@@ -75,7 +75,7 @@ def test_config_file_flat_or_run_style(tmp_path: Path,
     subject = json.loads(capsys.readouterr().out)["subject"]
     assert subject["config"]["d_model"] == 16 and subject["batch"] == [4, 16]
     assert subject["config"]["vocab_size"] == CharTokenizer.from_text(
-        __import__("handformer.corpora", fromlist=["builtin_text"]).builtin_text()).vocab_size
+        __import__("handformer.data.corpora", fromlist=["builtin_text"]).builtin_text()).vocab_size
     nested = tmp_path / "config.json"
     nested.write_text(json.dumps({"model": {"vocab_size": 200, "d_model": 16, "n_heads": 2,
                                             "n_layers": 1, "max_len": 16},

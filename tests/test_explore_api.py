@@ -24,14 +24,14 @@ from typing import Any
 import pytest
 import torch
 
+from handformer.cli.explore import add_explore_subcommand, run_explore
 from handformer.config import ModelConfig
-from handformer.explore.cli import add_explore_subcommand, run_explore
 from handformer.explore.explorer import Explorer
-from handformer.explore.runs import RunFolderError, load_explore_run, read_loss_curve
 from handformer.explore.server import MAX_BODY, ExploreServer, RemoteBindError, is_loopback
 from handformer.models.decoder_lm import DecoderLM
+from handformer.runs.explore_tmp import RunFolderError, load_explore_run, read_loss_curve
+from handformer.runs.lm_folder import save_run
 from handformer.tokenizers import CharTokenizer
-from handformer.train.run_folder import save_run
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n"
 N_LAYERS, N_HEADS, MAX_LEN = 2, 4, 16
@@ -72,8 +72,8 @@ def make_lm_run(run_dir: Path, *, attention: str = "sdpa", train_steps: int = 0,
 def make_classifier_run(run_dir: Path) -> Path:
     """An (untrained) encoder-classifier run folder, written by the project's own
     ``save_classifier_run``."""
-    from handformer.classification import LabelVocab
-    from handformer.classify_run import save_classifier_run
+    from handformer.data.classification import LabelVocab
+    from handformer.jobs.classify import save_classifier_run
     from handformer.models.encoder import ClassifierConfig, EncoderClassifier
 
     torch.manual_seed(0)
@@ -209,7 +209,7 @@ def test_attention_every_layer_and_head(client: Client) -> None:
 
 def test_attention_matches_a_hand_computation_of_layer_0(client: Client, lm_dir: Path) -> None:
     """The served weights are softmax(q·kᵀ/√D) of the first layer, computed here by hand."""
-    model, tok, _ = __import__("handformer.train.run_folder", fromlist=["load_run"]).load_run(
+    model, tok, _ = __import__("handformer.runs.lm_folder", fromlist=["load_run"]).load_run(
         lm_dir)
     prompt = "over the dog"
     ids = torch.tensor([tok.encode(prompt)])  # (1, T)

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.corpora import builtin_text
+from handformer.data.corpora import builtin_text
 from handformer.interop.gpt2 import ConversionError
 from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
 from handformer.models.decoder_lm import DecoderLM
+from handformer.runs.lm_folder import load_run, save_run
 from handformer.tokenizers import BPETokenizer, CharTokenizer
-from handformer.train.run_folder import load_run, save_run
 from tests.conftest import tiny_config
 
 transformers = pytest.importorskip(

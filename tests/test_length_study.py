@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from handformer.experiments.length import LengthStudySettings, run_length_study
+from handformer.bench.length_study import LengthStudySettings, run_length_study
 
 
 def test_length_study_writes_table_json_and_plot(tmp_path: Path) -> None:

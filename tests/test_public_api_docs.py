@@ -15,7 +15,7 @@ import pytest
 
 import handformer
 from handformer.cli import build_parser
-from handformer.cli_examples import EXAMPLES, iter_commands
+from handformer.cli.examples import EXAMPLES, iter_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,19 +10,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.cli_encoders import main
+from handformer.cli.encoders import main
 from handformer.config import ModelConfig
+from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.interop.torch_nn import to_torch_transformer
-from handformer.loss import IGNORE_INDEX
-from handformer.masks import causal_mask, to_torch_attn_mask, to_torch_key_padding_mask
-from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
-from handformer.seq2seq_run import (
+from handformer.jobs.seq2seq import (
     collate_pairs,
     load_seq2seq_run,
     train_seq2seq,
     translate,
 )
-from handformer.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
+from handformer.loss import IGNORE_INDEX
+from handformer.masks import causal_mask, to_torch_attn_mask, to_torch_key_padding_mask
+from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
 from handformer.tokenizers import CharTokenizer
 
 SRC_V, TGT_V = 19, 13

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handformer.corpora import builtin_text
+from handformer.data.corpora import builtin_text
 from handformer.tokenizers import BPETokenizer, CharTokenizer, HFTokenizer, load_tokenizer
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from handformer.config import TrainConfig
-from handformer.corpora import builtin_text
 from handformer.data import LMWindows, train_val_split
+from handformer.data.corpora import builtin_text
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from handformer.train.optim import lr_at, param_groups

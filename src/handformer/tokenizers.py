@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from handformer.train.atomic import atomic_write_text
+from handformer.atomic import atomic_write_text
 
 __all__ = ["SPECIAL_TOKENS", "BPETokenizer", "CharTokenizer", "HFTokenizer", "Tokenizer",
            "load_tokenizer", "tokenizer_from_dict"]

@@ -39,12 +39,12 @@ from typing import Any
 import torch
 
 from handformer.config import get_preset
-from handformer.corpora import builtin_text, read_text_file
 from handformer.data import Batch, LMWindows, train_val_split
+from handformer.data.corpora import builtin_text, read_text_file
+from handformer.jobs.lm import build_configs, seed_everything
 from handformer.loss import lm_loss
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
-from handformer.train.lm_run import build_configs, seed_everything
 from handformer.train.trainer import Trainer
 
 __all__ = ["Recipe", "evaluate", "main", "race"]

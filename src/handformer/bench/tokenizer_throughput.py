@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from handformer.corpora import builtin_text, read_text_file
+from handformer.data.corpora import builtin_text, read_text_file
 from handformer.tokenizers import BPETokenizer, CharTokenizer
 
 RESULTS = Path("benchmarks/results/tokenizer_throughput.json")

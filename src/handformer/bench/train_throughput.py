@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{by['handformer sdpa'] / by['handformer sdpa (bf16 autocast)']:.2f}x")
     curves = None
     if args.loss_curve:
-        from handformer.corpora import builtin_text
+        from handformer.data.corpora import builtin_text
 
         name = "tiny" if args.quick else "medium"
         every = max(1, args.loss_curve // 10)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from handformer.atomic import atomic_write_text
 from handformer.interop.gpt2 import (
     ConversionError,
     config_to_gpt2,
@@ -21,7 +22,6 @@ from handformer.interop.gpt2 import (
     to_gpt2_state_dict,
 )
 from handformer.tokenizers import HFTokenizer, load_tokenizer
-from handformer.train.atomic import atomic_write_text
 
 __all__ = ["export_gpt2_folder", "import_gpt2_folder"]
 
@@ -40,7 +40,7 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 def import_gpt2_folder(src: str | Path, run_dir: str | Path) -> Path:
     """A ``transformers`` GPT-2 folder → a handformer run folder (weights, config, tokenizer)."""
-    from handformer.train.run_folder import save_run
+    from handformer.runs.lm_folder import save_run
 
     src = Path(src)
     config_path = src / "config.json"
@@ -72,7 +72,7 @@ def export_gpt2_folder(run_dir: str | Path, out: str | Path) -> Path:
     ``handformer_tokenizer.json`` beside the model. Hugging Face tokenizers are copied as
     ``tokenizer.json``.
     """
-    from handformer.train.run_folder import load_run
+    from handformer.runs.lm_folder import load_run
 
     model, tokenizer, _ = load_run(run_dir)
     hf_config = config_to_gpt2(model.config)

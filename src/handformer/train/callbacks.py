@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from handformer.train.atomic import atomic_write_text
+from handformer.atomic import atomic_write_text
 from handformer.train.plots import plot_loss_curve, read_metrics
 
 __all__ = [

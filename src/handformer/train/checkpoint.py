@@ -33,7 +33,7 @@ from typing import Any
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
-from handformer.train.atomic import atomic_write_text, fsync_dir
+from handformer.atomic import atomic_write_text, fsync_dir
 from handformer.train.state import TrainerState
 from handformer.train.testhooks import crash_point
 

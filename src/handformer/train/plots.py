@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from handformer.train.atomic import atomic_write_bytes
+from handformer.atomic import atomic_write_bytes
 
 __all__ = ["plot_loss_curve", "read_metrics", "save_figure"]
 

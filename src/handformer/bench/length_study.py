@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
+from handformer.atomic import atomic_write_text
 from handformer.config import ModelConfig, TrainConfig
-from handformer.corpora import builtin_text
 from handformer.data import LMWindows, train_val_split
+from handformer.data.corpora import builtin_text
 from handformer.models.decoder_lm import DecoderLM
 from handformer.nn.positional import POSITIONAL_KINDS
 from handformer.tokenizers import CharTokenizer
-from handformer.train.atomic import atomic_write_text
 from handformer.train.trainer import Trainer
 
 __all__ = ["LengthStudySettings", "add_experiment_subcommand", "run_length_study", "to_markdown"]

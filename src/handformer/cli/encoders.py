@@ -7,7 +7,7 @@
 
 ``add_subcommands(subparsers)`` registers both on ``handformer``'s parser; every leaf sets
 ``handler`` so the main entry point can dispatch with ``args.handler(args)``. ``main`` runs
-them stand-alone (``python -m handformer.cli_encoders classify train``).
+them stand-alone (``python -m handformer.cli.encoders classify train``).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _reporting(command: str, fn: Handler) -> Handler:
 
 def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register ``classify`` and ``seq2seq`` (each with ``train`` and ``predict``)."""
-    from handformer.tasks import SEQ2SEQ_TASKS
+    from handformer.data.tasks import SEQ2SEQ_TASKS
 
     classify = subparsers.add_parser(
         "classify", help="sequence classification with a Transformer encoder")
@@ -170,7 +170,7 @@ def add_subcommands(subparsers: argparse._SubParsersAction) -> None:  # type: ig
 
 
 def _classify_train(args: argparse.Namespace) -> int:
-    from handformer.classify_run import builtin_brackets_data, file_data, train_classifier
+    from handformer.jobs.classify import builtin_brackets_data, file_data, train_classifier
 
     if args.data is None:
         if args.val is not None:
@@ -209,8 +209,8 @@ def _classify_train(args: argparse.Namespace) -> int:
 
 
 def _classify_predict(args: argparse.Namespace) -> int:
-    from handformer.classification import read_examples
-    from handformer.classify_run import (
+    from handformer.data.classification import read_examples
+    from handformer.jobs.classify import (
         confusion_matrix,
         load_classifier_run,
         plot_confusion,
@@ -250,7 +250,7 @@ def _classify_predict(args: argparse.Namespace) -> int:
 
 
 def _seq2seq_train(args: argparse.Namespace) -> int:
-    from handformer.seq2seq_run import train_seq2seq
+    from handformer.jobs.seq2seq import train_seq2seq
 
     out = args.out or Path(f"runs/seq2seq-{args.task}")
     model_overrides, train_overrides = _overrides(args)
@@ -270,7 +270,7 @@ def _seq2seq_train(args: argparse.Namespace) -> int:
 
 
 def _seq2seq_predict(args: argparse.Namespace) -> int:
-    from handformer.seq2seq_run import load_seq2seq_run, translate
+    from handformer.jobs.seq2seq import load_seq2seq_run, translate
 
     loaded = load_seq2seq_run(args.run, device=args.device)
     for source, output in zip(args.text, translate(loaded.model, loaded.tokenizer, args.text),

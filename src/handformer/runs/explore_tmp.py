@@ -22,7 +22,7 @@ from typing import Any, Literal
 from torch import nn
 
 from handformer.tokenizers import Tokenizer
-from handformer.train.run_folder import RunFolderError, load_run
+from handformer.runs.lm_folder import RunFolderError, load_run
 
 __all__ = ["ExploreRun", "LossCurve", "RunFolderError", "load_explore_run", "read_loss_curve"]
 
@@ -104,7 +104,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _load_classifier(run_dir: Path, device: str) -> tuple[nn.Module, Tokenizer, Any,
                                                          list[str], str]:
     """Model, tokenizer, encoder ModelConfig, labels and pooling of a classifier run."""
-    from handformer.classify_run import load_classifier_run
+    from handformer.jobs.classify import load_classifier_run
 
     try:
         loaded = load_classifier_run(run_dir, device=device)

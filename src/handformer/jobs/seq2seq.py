@@ -29,9 +29,10 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig, TrainConfig
 from handformer.data import Batch
+from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import IGNORE_INDEX, lm_loss
 from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
-from handformer.run_files import (
+from handformer.runs.files import (
     JsonlLog,
     RunFilesError,
     check_run_dir,
@@ -40,7 +41,6 @@ from handformer.run_files import (
     save_weights,
     write_json,
 )
-from handformer.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.tokenizers import CharTokenizer, load_tokenizer
 from handformer.train.trainer import Trainer, TrainResult
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
+from handformer.atomic import atomic_write_text
 from handformer.data import Batch
 from handformer.tokenizers import CharTokenizer
-from handformer.train.atomic import atomic_write_text
 
 __all__ = [
     "ClassificationBatches",

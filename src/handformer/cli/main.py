@@ -87,14 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                        help="do not draw loss_curve.png")
     train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    from handformer.bench.length_study import add_experiment_subcommand
     from handformer.bench.runner import add_bench_subcommand
-    from handformer.cli_convert import add_convert_subcommand
-    from handformer.cli_embed import add_embed_subcommand
-    from handformer.cli_encoders import add_subcommands as add_encoder_subcommands
-    from handformer.cli_generate import add_generate_subcommand
-    from handformer.doctor.cli import add_doctor_subcommand
-    from handformer.experiments.length import add_experiment_subcommand
-    from handformer.explore.cli import add_explore_subcommand
+    from handformer.cli.convert import add_convert_subcommand
+    from handformer.cli.doctor import add_doctor_subcommand
+    from handformer.cli.embed import add_embed_subcommand
+    from handformer.cli.encoders import add_subcommands as add_encoder_subcommands
+    from handformer.cli.explore import add_explore_subcommand
+    from handformer.cli.generate import add_generate_subcommand
 
     add_generate_subcommand(sub)
     add_encoder_subcommands(sub)  # classify, seq2seq
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_convert_subcommand(sub)
     add_experiment_subcommand(sub)
     add_bench_subcommand(sub)
-    from handformer.cli_examples import add_examples
+    from handformer.cli.examples import add_examples
 
     return add_examples(parser)  # an "examples:" section in every command's --help
 
@@ -148,9 +148,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> tuple[int, Any]:
-    from handformer.corpora import builtin_text, read_text_file
+    from handformer.data.corpora import builtin_text, read_text_file
+    from handformer.jobs.lm import BUILTIN_SOURCE, resume_char_lm, train_char_lm
     from handformer.train.callbacks import MissingExtraError
-    from handformer.train.lm_run import BUILTIN_SOURCE, resume_char_lm, train_char_lm
     from handformer.train.trainer import NonFiniteError
 
     say = print if _is_main_process() else (lambda *a, **k: None)

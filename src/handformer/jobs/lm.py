@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 from handformer.config import ModelConfig, TrainConfig, get_preset
-from handformer.corpora import builtin_text, read_text_file
 from handformer.data import LMWindows, train_val_split
+from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
 from handformer.models.decoder_lm import DecoderLM
+from handformer.runs.lm_folder import METRICS, save_run
 from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
     LossCurvePlot,
@@ -46,7 +47,6 @@ from handformer.train.checkpoint import (
     verify_checkpoint,
 )
 from handformer.train.distributed import DistContext, init_distributed
-from handformer.train.run_folder import METRICS, save_run
 from handformer.train.trainer import Trainer, TrainResult, pick_device
 
 __all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_char_lm", "train_char_lm"]

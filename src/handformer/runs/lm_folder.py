@@ -26,7 +26,7 @@ from torch import nn
 from handformer.config import ModelConfig, TrainConfig
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import Tokenizer, load_tokenizer
-from handformer.train.atomic import atomic_write_text
+from handformer.atomic import atomic_write_text
 from handformer.train.callbacks import MetricsWriter  # re-exported: it used to live here
 
 __all__ = ["MetricsWriter", "RunFolderError", "load_run", "save_run"]

@@ -29,18 +29,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.classification import (
+from handformer.config import ModelConfig, TrainConfig
+from handformer.data import Batch
+from handformer.data.classification import (
     ClassificationBatches,
     DatasetError,
     LabelVocab,
     encode_texts,
     read_examples,
 )
-from handformer.config import ModelConfig, TrainConfig
-from handformer.data import Batch
+from handformer.data.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.loss import classification_loss
 from handformer.models.encoder import ClassifierConfig, EncoderClassifier
-from handformer.run_files import (
+from handformer.runs.files import (
     JsonlLog,
     check_run_dir,
     load_weights,
@@ -48,7 +49,6 @@ from handformer.run_files import (
     save_weights,
     write_json,
 )
-from handformer.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.tokenizers import CharTokenizer, load_tokenizer
 from handformer.train.trainer import Trainer, TrainResult
 

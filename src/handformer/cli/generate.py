@@ -48,7 +48,7 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from handformer.generate import generate_text
-    from handformer.train.run_folder import load_run
+    from handformer.runs.lm_folder import load_run
 
     model, tokenizer, _ = load_run(args.run, device=args.device)
     if args.dtype != "float32":
@@ -72,7 +72,7 @@ def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     if args.prompt_file is not None:
-        from handformer.corpora import read_text_file
+        from handformer.data.corpora import read_text_file
 
         prompts = [line for line in read_text_file(args.prompt_file).splitlines() if line]
         if not prompts:

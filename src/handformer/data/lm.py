@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from handformer.corpora import CorpusError
+from handformer.data.corpora import CorpusError
 from handformer.loss import IGNORE_INDEX
 
 __all__ = ["Batch", "LMWindows", "collate_sequences", "train_val_split"]

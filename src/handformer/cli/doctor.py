@@ -81,7 +81,7 @@ class DoctorSubject:
 
 
 def _text(data: Path | None) -> tuple[str, str]:
-    from handformer.corpora import builtin_text, read_text_file
+    from handformer.data.corpora import builtin_text, read_text_file
 
     if data is None:
         return builtin_text(), "the built-in text"
@@ -115,7 +115,7 @@ def build_subject(args: argparse.Namespace) -> DoctorSubject:
     text, where = _text(args.data)
     train: dict[str, Any]
     if args.run is not None:
-        from handformer.train.run_folder import load_run
+        from handformer.runs.lm_folder import load_run
 
         model, tokenizer, config = load_run(args.run)
         train = dict(config.get("train") or {})

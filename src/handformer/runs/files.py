@@ -18,7 +18,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from handformer.train.atomic import atomic_write_text
+from handformer.atomic import atomic_write_text
 
 __all__ = ["JsonlLog", "RunFilesError", "check_run_dir", "load_weights", "read_json",
            "save_weights", "write_json"]

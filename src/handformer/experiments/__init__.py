@@ -1,1 +1,0 @@
-"""Experiments that answer a question with a measurement (``handformer experiment …``)."""
