@@ -19,7 +19,7 @@ import torch
 from handformer.explore.explorer import Explorer
 from handformer.explore.server import ExploreServer
 from handformer.runs.explore_tmp import load_explore_run
-from tests.test_explore_api import make_lm_run
+from tests.explore.test_explore_api import make_lm_run
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

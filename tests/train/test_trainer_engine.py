@@ -20,7 +20,7 @@ from handformer.train.checkpoint import list_checkpoints, load_weights, read_tra
 from handformer.train.optim import lr_at
 from handformer.train.precision import resolve_precision
 from handformer.train.trainer import NonFiniteError, Trainer
-from tests.train_helpers import (
+from tests.train.helpers import (
     TEXT,
     TOKENIZER,
     make_trainer,

@@ -32,7 +32,7 @@ from handformer.train.checkpoint import (
     read_trainer_state,
 )
 from handformer.train.testhooks import ENV_VAR
-from tests.train_helpers import toy_text
+from tests.train.helpers import toy_text
 
 pytestmark = pytest.mark.slow  # ~30 s: eight short processes
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "length_convergence.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "length_convergence.py"
 
 
 def test_length_convergence_writes_curves_for_every_run(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import torch
 
 from handformer.cli import main
 from handformer.train.checkpoint import list_checkpoints
-from tests.train_helpers import toy_text
+from tests.train.helpers import toy_text
 
 TINY = ["--preset", "tiny", "--no-progress", "--device", "cpu"]
 

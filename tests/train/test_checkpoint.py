@@ -26,7 +26,7 @@ from handformer.train.checkpoint import (
     verify_checkpoint,
 )
 from handformer.train.state import TrainerState
-from tests.train_helpers import make_trainer, train_config, weights
+from tests.train.helpers import make_trainer, train_config, weights
 
 FILES = ["model.safetensors", "trainer_state.safetensors", "trainer_state.json", MARKER]
 
@@ -160,7 +160,7 @@ def test_pickle_payload_is_refused_and_never_runs(checkpoint: Path, tmp_path: Pa
 
 def test_foreign_model_and_foreign_files_are_named(checkpoint: Path, tmp_path: Path) -> None:
     from handformer.models.decoder_lm import DecoderLM
-    from tests.train_helpers import model_config
+    from tests.train.helpers import model_config
 
     bigger = DecoderLM(model_config(d_model=64))
     with pytest.raises(CheckpointError, match=r"model\.safetensors: does not fit"):
@@ -186,7 +186,7 @@ def test_foreign_model_and_foreign_files_are_named(checkpoint: Path, tmp_path: P
 def test_trainer_state_of_another_model_is_refused(checkpoint: Path, tmp_path: Path) -> None:
     from handformer.models.decoder_lm import DecoderLM
     from handformer.train.trainer import Trainer
-    from tests.train_helpers import TRAIN_WINDOWS, model_config
+    from tests.train.helpers import TRAIN_WINDOWS, model_config
 
     cfg = train_config(max_steps=2, eval_interval=2)
     deeper = Trainer(DecoderLM(model_config(n_layers=3)), cfg,

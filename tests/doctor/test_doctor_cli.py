@@ -18,7 +18,7 @@ from handformer.loss import lm_loss
 from handformer.models.decoder_lm import DecoderLM
 from handformer.runs.lm_folder import save_run
 from handformer.tokenizers import CharTokenizer
-from tests.test_doctor import TEXT
+from tests.doctor.test_doctor import TEXT
 
 
 @pytest.fixture(autouse=True)

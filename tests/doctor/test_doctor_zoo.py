@@ -24,7 +24,7 @@ from handformer.masks import causal_mask
 from handformer.models.decoder_lm import DecoderLM
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feedforward import FeedForward
-from tests.test_doctor import LR, nan_safe_lm_loss, tiny_model, tiny_tokenizer, tiny_windows
+from tests.doctor.test_doctor import LR, nan_safe_lm_loss, tiny_model, tiny_tokenizer, tiny_windows
 
 
 @pytest.fixture(autouse=True)
