@@ -9,7 +9,7 @@ import pytest
 
 from handformer.cli import main
 from handformer.models.decoder_lm import DecoderLM
-from handformer.runs.lm_folder import save_run
+from handformer.runs import save_run
 from handformer.tokenizers import CharTokenizer
 from tests.conftest import tiny_config
 
@@ -33,7 +33,7 @@ def test_convert_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     pytest.importorskip("transformers", reason="the 'transformers' test extra is not installed")
     tok = CharTokenizer.from_text("hello world")
     model = DecoderLM(tiny_config(vocab_size=tok.vocab_size, activation="gelu_tanh"))
-    save_run(tmp_path / "run", model, model.config, tok)
+    save_run(tmp_path / "run", model, tok)
     assert main(["convert", "--to", "hf", str(tmp_path / "run"), str(tmp_path / "hf")]) == 0
     assert (tmp_path / "hf" / "config.json").is_file()
     # A char vocabulary is not a transformers tokenizer: importing back says what is missing.

@@ -16,7 +16,7 @@ from handformer.config import ModelConfig
 from handformer.doctor import CHECK_NAMES
 from handformer.loss import lm_loss
 from handformer.models.decoder_lm import DecoderLM
-from handformer.runs.lm_folder import save_run
+from handformer.runs import save_run
 from handformer.tokenizers import CharTokenizer
 from tests.doctor.test_doctor import TEXT
 
@@ -99,7 +99,7 @@ def test_trained_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         opt.zero_grad()
         lm_loss(model(windows[:, :-1]), windows[:, 1:]).backward()
         opt.step()
-    run_dir = save_run(tmp_path / "run", model, cfg, tok)
+    run_dir = save_run(tmp_path / "run", model, tok)
     assert doctor(["--run", str(run_dir), "--data", str(text_file), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["subject"]["initial"] is False

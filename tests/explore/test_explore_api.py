@@ -27,10 +27,11 @@ import torch
 from handformer.cli.explore import add_explore_subcommand, run_explore
 from handformer.config import ModelConfig
 from handformer.explore.explorer import Explorer
+from handformer.explore.run import load_explore_run
 from handformer.explore.server import MAX_BODY, ExploreServer, RemoteBindError, is_loopback
 from handformer.models.decoder_lm import DecoderLM
-from handformer.runs.explore_tmp import RunFolderError, load_explore_run, read_loss_curve
-from handformer.runs.lm_folder import save_run
+from handformer.runs import RunFolderError, load_run, save_run
+from handformer.runs.metrics import read_loss_curve
 from handformer.tokenizers import CharTokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog.\n"
@@ -63,7 +64,7 @@ def make_lm_run(run_dir: Path, *, attention: str = "sdpa", train_steps: int = 0,
             if step % 10 == 0:
                 lines.append({"kind": "eval", "step": step, "val_loss": loss.item() + 0.1})
     model.eval()
-    save_run(run_dir, model, cfg, tok, extra={"summary": {"final_val_loss": float("nan")}})
+    save_run(run_dir, model, tok, extra={"summary": {"final_val_loss": float("nan")}})
     with (run_dir / "metrics.jsonl").open("w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in lines)
     return run_dir
@@ -71,9 +72,8 @@ def make_lm_run(run_dir: Path, *, attention: str = "sdpa", train_steps: int = 0,
 
 def make_classifier_run(run_dir: Path) -> Path:
     """An (untrained) encoder-classifier run folder, written by the project's own
-    ``save_classifier_run``."""
+    ``save_run``."""
     from handformer.data.classification import LabelVocab
-    from handformer.jobs.classify import save_classifier_run
     from handformer.models.encoder import ClassifierConfig, EncoderClassifier
 
     torch.manual_seed(0)
@@ -83,7 +83,7 @@ def make_classifier_run(run_dir: Path) -> Path:
                             n_layers=N_LAYERS, max_len=MAX_LEN, attention="sdpa"),
         num_classes=3, pooling="cls")
     model = EncoderClassifier(cfg).eval()
-    return save_classifier_run(run_dir, model, tok, LabelVocab(["neg", "neutral", "pos"]))
+    return save_run(run_dir, model, tok, labels=LabelVocab(["neg", "neutral", "pos"]))
 
 
 # -- a server in a thread -----------------------------------------------------------------
@@ -209,8 +209,8 @@ def test_attention_every_layer_and_head(client: Client) -> None:
 
 def test_attention_matches_a_hand_computation_of_layer_0(client: Client, lm_dir: Path) -> None:
     """The served weights are softmax(q·kᵀ/√D) of the first layer, computed here by hand."""
-    model, tok, _ = __import__("handformer.runs.lm_folder", fromlist=["load_run"]).load_run(
-        lm_dir)
+    loaded = load_run(lm_dir, kind="lm")
+    model, tok = loaded.model, loaded.tokenizer
     prompt = "over the dog"
     ids = torch.tensor([tok.encode(prompt)])  # (1, T)
     t = ids.shape[1]

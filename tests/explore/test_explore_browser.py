@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from handformer.explore.explorer import Explorer
+from handformer.explore.run import load_explore_run
 from handformer.explore.server import ExploreServer
-from handformer.runs.explore_tmp import load_explore_run
 from tests.explore.test_explore_api import make_lm_run
 
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

@@ -11,7 +11,7 @@ from handformer.data.corpora import builtin_text
 from handformer.interop.gpt2 import ConversionError
 from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
 from handformer.models.decoder_lm import DecoderLM
-from handformer.runs.lm_folder import load_run, save_run
+from handformer.runs import load_run, save_run
 from handformer.tokenizers import BPETokenizer, CharTokenizer
 from tests.conftest import tiny_config
 
@@ -29,7 +29,8 @@ def test_hf_folder_imports_as_a_run_and_generates(tmp_path: Path) -> None:
     tok.save(tmp_path / "hf" / "tokenizer.json")
 
     run = import_gpt2_folder(tmp_path / "hf", tmp_path / "run")
-    model, loaded_tok, _ = load_run(run)
+    loaded = load_run(run, kind="lm")
+    model, loaded_tok = loaded.model, loaded.tokenizer
     ids = torch.tensor([loaded_tok.encode("def main():")])
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(input_ids=ids).logits, rtol=1e-4, atol=1e-4)
@@ -39,7 +40,7 @@ def test_run_exports_to_a_folder_transformers_loads(tmp_path: Path) -> None:
     tok = CharTokenizer.from_text("hello world")
     model = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="learned",
                                   activation="gelu_tanh")).eval()
-    save_run(tmp_path / "run", model, model.config, tok)
+    save_run(tmp_path / "run", model, tok)
     out = export_gpt2_folder(tmp_path / "run", tmp_path / "hf")
     assert (out / "handformer_tokenizer.json").is_file()
     hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
@@ -58,6 +59,6 @@ def test_folder_errors_name_what_is_missing(tmp_path: Path) -> None:
         import_gpt2_folder(tmp_path / "bert", tmp_path / "run")
     tok = CharTokenizer.from_text("abc")
     rope = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="rope"))
-    save_run(tmp_path / "rope", rope, rope.config, tok)
+    save_run(tmp_path / "rope", rope, tok)
     with pytest.raises(ConversionError, match="positional='rope'"):
         export_gpt2_folder(tmp_path / "rope", tmp_path / "out")

@@ -32,7 +32,7 @@ from handformer.config import TrainConfig
 from handformer.data import Batch, LMWindows, train_val_split
 from handformer.data.corpora import builtin_text
 from handformer.loss import lm_loss
-from handformer.runs.lm_folder import load_run
+from handformer.runs import load_run
 from handformer.train.distributed import DistContext, check_batch_splits, shard_rows
 from handformer.train.trainer import Trainer
 
@@ -127,7 +127,8 @@ def test_two_ranks_equal_one_process_with_the_global_batch(runs: dict[str, Path]
 
 def _val_loss(run: Path) -> float:
     """The run's validation loss recomputed in this (single) process from its run folder."""
-    model, tokenizer, _ = load_run(run)
+    loaded = load_run(run, kind="lm")
+    model, tokenizer = loaded.model, loaded.tokenizer
     cfg = json.loads((run / "config.json").read_text())["train"]
     text = (run.parent / "text.txt").read_text(encoding="utf-8")
     _, val_ids = train_val_split(tokenizer.encode_array(text), cfg["val_fraction"])

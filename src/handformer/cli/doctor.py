@@ -115,10 +115,11 @@ def build_subject(args: argparse.Namespace) -> DoctorSubject:
     text, where = _text(args.data)
     train: dict[str, Any]
     if args.run is not None:
-        from handformer.runs.lm_folder import load_run
+        from handformer.runs import load_run
 
-        model, tokenizer, config = load_run(args.run)
-        train = dict(config.get("train") or {})
+        run = load_run(args.run, kind="lm")
+        model, tokenizer = run.model, run.tokenizer
+        train = dict(run.config.get("train") or {})
         initial, source = False, f"run {args.run} (trained) on {where}"
     else:
         tokenizer = CharTokenizer.from_text(text)

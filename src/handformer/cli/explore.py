@@ -54,8 +54,8 @@ def run_explore(args: argparse.Namespace, *,
     """Load the run, listen, print the URL and serve until interrupted (or until
     ``server.shutdown()``; ``on_ready(server)`` is called just before serving)."""
     from handformer.explore.explorer import Explorer
+    from handformer.explore.run import load_explore_run
     from handformer.explore.server import ExploreServer, check_host
-    from handformer.runs.explore_tmp import load_explore_run
 
     try:
         check_host(args.host, args.allow_remote)  # before the model is loaded

@@ -48,9 +48,10 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
 
 def run_generate(args: argparse.Namespace) -> int:
     from handformer.generate import generate_text
-    from handformer.runs.lm_folder import load_run
+    from handformer.runs import load_run
 
-    model, tokenizer, _ = load_run(args.run, device=args.device)
+    run = load_run(args.run, device=args.device, kind="lm")
+    model, tokenizer = run.model, run.tokenizer
     if args.dtype != "float32":
         import torch
 

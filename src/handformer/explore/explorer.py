@@ -26,8 +26,8 @@ from handformer.explore.attention_capture import (
 )
 from handformer.explore.payload import InputError
 from handformer.explore.prompts import EncodedText, encode_text, token_text
+from handformer.explore.run import ExploreRun
 from handformer.explore.tensors_json import finite_json, mask_to_json, weights_to_json
-from handformer.runs.explore_tmp import ExploreRun
 
 __all__ = ["MAX_BATCH", "Explorer"]
 

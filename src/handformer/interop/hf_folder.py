@@ -40,7 +40,7 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
 
 def import_gpt2_folder(src: str | Path, run_dir: str | Path) -> Path:
     """A ``transformers`` GPT-2 folder → a handformer run folder (weights, config, tokenizer)."""
-    from handformer.runs.lm_folder import save_run
+    from handformer.runs import save_run
 
     src = Path(src)
     config_path = src / "config.json"
@@ -61,7 +61,7 @@ def import_gpt2_folder(src: str | Path, run_dir: str | Path) -> Path:
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ConversionError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only "
                               f"{model.config.vocab_size}")
-    return save_run(run_dir, model, model.config, tokenizer,
+    return save_run(run_dir, model, tokenizer,
                     extra={"converted_from": str(src.resolve())})
 
 
@@ -72,9 +72,10 @@ def export_gpt2_folder(run_dir: str | Path, out: str | Path) -> Path:
     ``handformer_tokenizer.json`` beside the model. Hugging Face tokenizers are copied as
     ``tokenizer.json``.
     """
-    from handformer.runs.lm_folder import load_run
+    from handformer.runs import load_run
 
-    model, tokenizer, _ = load_run(run_dir)
+    run = load_run(run_dir, kind="lm")
+    model, tokenizer = run.model, run.tokenizer
     hf_config = config_to_gpt2(model.config)
     state = to_gpt2_state_dict(model)
     del state["lm_head.weight"]  # tied to transformer.wte.weight, stored once

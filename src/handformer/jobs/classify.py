@@ -41,15 +41,10 @@ from handformer.data.classification import (
 from handformer.data.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.loss import classification_loss
 from handformer.models.encoder import ClassifierConfig, EncoderClassifier
-from handformer.runs.files import (
-    JsonlLog,
-    check_run_dir,
-    load_weights,
-    read_json,
-    save_weights,
-    write_json,
-)
-from handformer.tokenizers import CharTokenizer, load_tokenizer
+from handformer.runs import Run, load_run, save_run
+from handformer.runs.files import METRICS, SUMMARY, write_json
+from handformer.tokenizers import CharTokenizer
+from handformer.train.callbacks import MetricsWriter
 from handformer.train.trainer import Trainer, TrainResult
 
 __all__ = [
@@ -66,14 +61,11 @@ __all__ = [
     "load_classifier_run",
     "plot_confusion",
     "predict_texts",
-    "save_classifier_run",
     "scores_from_confusion",
     "train_classifier",
 ]
 
-WEIGHTS, CONFIG, TOKENIZER, LABELS, METRICS, SUMMARY, CONFUSION_PNG = (
-    "model.safetensors", "config.json", "tokenizer.json", "labels.json", "metrics.jsonl",
-    "summary.json", "confusion.png")
+CONFUSION_PNG = "confusion.png"
 
 # The default recipe: pre-norm, warm-up, RoPE. Relative positions let a head compare
 # "is this key before that query" as a function of the offset alone, which is what the
@@ -223,7 +215,7 @@ class ClassifierEvalLog:
                  path: Path | None = None) -> None:
         self.model = model
         self.batches = list(batches)
-        self.log = None if path is None else JsonlLog(path)
+        self.log = None if path is None else MetricsWriter(path)
         self.history: list[dict[str, Any]] = []
         self.train: list[dict[str, Any]] = []
 
@@ -312,8 +304,8 @@ def train_classifier(
         "max_len": max_len,
     }
     if run_dir is not None:
-        save_classifier_run(run_dir, model, tokenizer, labels, train_cfg,
-                            extra={"summary": summary})
+        save_run(run_dir, model, tokenizer, train_cfg, labels=labels,
+                 extra={"summary": summary})
         write_json(run_dir / SUMMARY, summary)
         plot_confusion(report["confusion"], labels.labels, run_dir / CONFUSION_PNG,
                        title=f"validation ({len(val_y)} examples)\naccuracy "
@@ -323,29 +315,19 @@ def train_classifier(
 
 
 # -- the run folder ---------------------------------------------------------------------
-def save_classifier_run(
-    run_dir: str | Path, model: EncoderClassifier, tokenizer: CharTokenizer,
-    labels: LabelVocab, train_config: TrainConfig | None = None,
-    extra: dict[str, Any] | None = None,
-) -> Path:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"classifier": model.config.to_dict(),
-              "train": None if train_config is None else train_config.to_dict(),
-              **(extra or {})}
-    save_weights(model, run_dir / WEIGHTS)
-    write_json(run_dir / CONFIG, config)
-    tokenizer.save(run_dir / TOKENIZER)
-    labels.save(run_dir / LABELS)
-    return run_dir
-
-
 @dataclass
 class LoadedClassifier:
+    """A classifier run folder, loaded (``handformer.runs.load_run`` of kind classifier)."""
+
     model: EncoderClassifier
     tokenizer: CharTokenizer
     labels: LabelVocab
     config: dict[str, Any]
+
+    @classmethod
+    def from_run(cls, run: Run) -> LoadedClassifier:
+        assert run.kind == "classifier" and run.labels is not None
+        return cls(run.model, run.tokenizer, run.labels, run.config)  # type: ignore[arg-type]
 
     @property
     def max_len(self) -> int:
@@ -353,22 +335,8 @@ class LoadedClassifier:
 
 
 def load_classifier_run(run_dir: str | Path, *, device: str = "cpu") -> LoadedClassifier:
-    """Rebuild the classifier from ``config.json`` + ``model.safetensors``; no pickle."""
-    run_dir = check_run_dir(run_dir, (WEIGHTS, CONFIG, TOKENIZER, LABELS))
-    config = read_json(run_dir / CONFIG)
-    try:
-        model_config = ClassifierConfig.from_dict(config["classifier"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise DatasetError(f"{run_dir / CONFIG}: cannot read the classifier config ({err}); "
-                           "was this folder written by `handformer classify train`?") from None
-    tokenizer = load_tokenizer(run_dir / TOKENIZER)
-    labels = LabelVocab.load(run_dir / LABELS)
-    if len(labels) != model_config.num_classes:
-        raise DatasetError(f"{run_dir}: labels.json has {len(labels)} labels but the model has "
-                           f"{model_config.num_classes} classes")
-    model = EncoderClassifier(model_config)
-    load_weights(model, run_dir / WEIGHTS, device=device)
-    return LoadedClassifier(model.to(device).eval(), tokenizer, labels, config)
+    """The classifier of a run folder written by ``handformer classify train``."""
+    return LoadedClassifier.from_run(load_run(run_dir, device=device, kind="classifier"))
 
 
 @dataclass

@@ -30,7 +30,8 @@ from handformer.data import LMWindows, train_val_split
 from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
 from handformer.models.decoder_lm import DecoderLM
-from handformer.runs.lm_folder import METRICS, save_run
+from handformer.runs import save_run
+from handformer.runs.files import METRICS, SUMMARY
 from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
     LossCurvePlot,
@@ -51,8 +52,7 @@ from handformer.train.trainer import Trainer, TrainResult, pick_device
 
 __all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_char_lm", "train_char_lm"]
 
-CHECKPOINTS, LOSS_CURVE, TENSORBOARD, SUMMARY = (
-    "checkpoints", "loss_curve.png", "tensorboard", "summary.json")
+CHECKPOINTS, LOSS_CURVE, TENSORBOARD = "checkpoints", "loss_curve.png", "tensorboard"
 BUILTIN_SOURCE = "builtin:pydoc_data.topics"
 
 
@@ -232,7 +232,7 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
         "median_step_ms": result.median_step_ms,
         "parameters": model.num_parameters(),
     }
-    save_run(out_dir, model, model_cfg, tokenizer, train_cfg,
+    save_run(out_dir, model, tokenizer, train_cfg,
              extra={"summary": summary, "data": data})
     (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2), encoding="utf-8")
 

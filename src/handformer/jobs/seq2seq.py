@@ -32,16 +32,10 @@ from handformer.data import Batch
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import IGNORE_INDEX, lm_loss
 from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
-from handformer.runs.files import (
-    JsonlLog,
-    RunFilesError,
-    check_run_dir,
-    load_weights,
-    read_json,
-    save_weights,
-    write_json,
-)
-from handformer.tokenizers import CharTokenizer, load_tokenizer
+from handformer.runs import load_run, save_run
+from handformer.runs.files import METRICS, SUMMARY, write_json
+from handformer.tokenizers import CharTokenizer
+from handformer.train.callbacks import MetricsWriter
 from handformer.train.trainer import Trainer, TrainResult
 
 __all__ = [
@@ -53,14 +47,11 @@ __all__ = [
     "collate_pairs",
     "exact_match",
     "load_seq2seq_run",
-    "save_seq2seq_run",
     "seq2seq_forward",
     "train_seq2seq",
     "translate",
 ]
 
-WEIGHTS, CONFIG, TOKENIZER, METRICS, SUMMARY = (
-    "model.safetensors", "config.json", "tokenizer.json", "metrics.jsonl", "summary.json")
 
 # Sinusoidal positions, as in the original paper; the rest is the pre-norm + warm-up recipe.
 SEQ2SEQ_MODEL: dict[str, Any] = dict(
@@ -156,7 +147,7 @@ class Seq2SeqEvalLog:
     def __init__(self, model: EncoderDecoder, tokenizer: CharTokenizer,
                  pairs: Sequence[tuple[str, str]], path: Path | None = None) -> None:
         self.model, self.tokenizer, self.pairs = model, tokenizer, list(pairs)
-        self.log = None if path is None else JsonlLog(path)
+        self.log = None if path is None else MetricsWriter(path)
         self.history: list[dict[str, Any]] = []
 
     def on_log(self, step: int, metrics: dict[str, float]) -> None:
@@ -245,25 +236,11 @@ def train_seq2seq(
                                                   [s for s, _ in val_pairs[:5]]), strict=True)],
     }
     if run_dir is not None:
-        save_seq2seq_run(run_dir, model, tokenizer, train_cfg,
-                         extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
+        save_run(run_dir, model, tokenizer, train_cfg,
+                 extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
                                 "summary": summary})
         write_json(run_dir / SUMMARY, summary)
     return Seq2SeqRun(run_dir, model, tokenizer, train_cfg, result, summary, evaluator.history)
-
-
-def save_seq2seq_run(run_dir: str | Path, model: EncoderDecoder, tokenizer: CharTokenizer,
-                     train_config: TrainConfig | None = None,
-                     extra: dict[str, Any] | None = None) -> Path:
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {"seq2seq": model.config.to_dict(),
-              "train": None if train_config is None else train_config.to_dict(),
-              **(extra or {})}
-    save_weights(model, run_dir / WEIGHTS)
-    write_json(run_dir / CONFIG, config)
-    tokenizer.save(run_dir / TOKENIZER)
-    return run_dir
 
 
 @dataclass
@@ -274,14 +251,6 @@ class LoadedSeq2Seq:
 
 
 def load_seq2seq_run(run_dir: str | Path, *, device: str = "cpu") -> LoadedSeq2Seq:
-    """Rebuild the model from ``config.json`` + ``model.safetensors``; no pickle."""
-    run_dir = check_run_dir(run_dir, (WEIGHTS, CONFIG, TOKENIZER))
-    config = read_json(run_dir / CONFIG)
-    try:
-        model_config = Seq2SeqConfig.from_dict(config["seq2seq"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise RunFilesError(f"{run_dir / CONFIG}: cannot read the seq2seq config ({err}); was "
-                            "this folder written by `handformer seq2seq train`?") from None
-    model = EncoderDecoder(model_config)
-    load_weights(model, run_dir / WEIGHTS, device=device)
-    return LoadedSeq2Seq(model.to(device).eval(), load_tokenizer(run_dir / TOKENIZER), config)
+    """The encoder-decoder of a run folder written by ``handformer seq2seq train``."""
+    run = load_run(run_dir, device=device, kind="seq2seq")
+    return LoadedSeq2Seq(run.model, run.tokenizer, run.config)  # type: ignore[arg-type]

@@ -45,15 +45,16 @@ class MetricsWriter:
                     if isinstance(r.get("step"), int) and r["step"] <= resume_step]
             atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
-    def _write(self, kind: str, metrics: dict[str, Any]) -> None:
+    def write(self, kind: str, metrics: dict[str, Any]) -> None:
+        """Append one record ``{"kind": kind, **metrics}`` (NaN/Inf written as null)."""
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({"kind": kind, **_jsonable(metrics)}) + "\n")
 
     def on_log(self, step: int, metrics: dict[str, Any]) -> None:
-        self._write("train", metrics)
+        self.write("train", metrics)
 
     def on_eval(self, step: int, metrics: dict[str, Any]) -> None:
-        self._write("eval", metrics)
+        self.write("eval", metrics)
 
 
 class LossCurvePlot:
