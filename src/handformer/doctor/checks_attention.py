@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from handformer.doctor.capture import AttentionRecord, captured_forward
+from handformer.capture import AttentionRecord
 from handformer.doctor.checks_masks import probe_records
 from handformer.doctor.report import CheckResult, Status, guarded
 from handformer.doctor.subject import Subject
@@ -96,7 +96,7 @@ def fitted_scale(r: AttentionRecord) -> tuple[float, float]:
 def check_attention_scale(subject: Subject) -> CheckResult:
     name = "attention scale"
     records = [r for r in probe_records(subject)
-               if r.self_attention and r.weights is not None and hasattr(r.module, "in_proj")]
+               if r.self_attention and hasattr(r.module, "in_proj")]
     if not records:
         return CheckResult(SECTION, name, Status.SKIP,
                            "needs handformer MultiHeadAttention layers that return weights")
@@ -160,8 +160,8 @@ def check_positions(subject: Subject) -> CheckResult:
                            f"to {spread:.3g} across positions: position information reaches the "
                            "output", details=details)
     if subject.attention:
-        _, records = captured_forward(subject, const)
-        first = next((r for r in records if r.self_attention and r.weights is not None), None)
+        _, records = subject.captured_forward(const)
+        first = next((r for r in records if r.self_attention), None)
         if first is not None:
             w = first.weights[0]  # (H, T, S)
             visible = w > 0

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from handformer.doctor.capture import AttentionRecord, captured_forward
+from handformer.capture import AttentionRecord
 from handformer.doctor.maskmath import allowed, classify, describe, show
 from handformer.doctor.report import CheckResult, Status, guarded
 from handformer.doctor.subject import Subject
@@ -130,8 +130,8 @@ def probe_records(subject: Subject) -> list[AttentionRecord]:
         if not subject.attention:
             subject.memo["probe_records"] = []
         else:
-            _, records = captured_forward(subject, subject.probe.ids)
-            subject.memo["probe_records"] = records
+            _, records = subject.captured_forward(subject.probe.ids)
+            subject.memo["probe_records"] = list(records)
     return subject.memo["probe_records"]
 
 
@@ -139,7 +139,7 @@ def effective_masks(records: list[AttentionRecord]) -> dict[str, Tensor]:
     """Per self-attention layer, the (T, S) mask it used: where any weight is non-zero."""
     out = {}
     for r in records:
-        if r.self_attention and r.weights is not None and r.name not in out:
+        if r.self_attention and r.name not in out:
             out[r.name] = (r.weights > 0).any(dim=0).any(dim=0).cpu()  # (T, S)
     return out
 
@@ -280,10 +280,10 @@ def check_pad_keys(subject: Subject) -> CheckResult:
     worst_pad, worst_sum, seen = 0.0, 0.0, 0
     where_pad = where_sum = ""
     for side, (ids, mask) in padded.items():
-        _, records = captured_forward(subject, ids, mask)
+        _, records = subject.captured_forward(ids, mask)
         real = mask[0]  # (T,)
         for r in records:
-            if not r.self_attention or r.weights is None:
+            if not r.self_attention:
                 continue
             seen += 1
             w = r.weights[0][:, real]  # (H, n_real, S)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from handformer.doctor.capture import forced_attention_kind
+from handformer.capture import forced_attention_kind
 from handformer.doctor.checks_masks import padded_inputs
 from handformer.doctor.report import CheckResult, Status, guarded
 from handformer.doctor.subject import Subject

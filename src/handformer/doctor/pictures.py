@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from handformer.doctor.capture import captured_forward
 from handformer.doctor.checks_masks import effective_masks, padded_inputs
 from handformer.doctor.subject import Subject
 from handformer.masks import causal_mask, combine_masks
@@ -68,10 +67,8 @@ def write_pictures(subject: Subject, out_dir: str | Path) -> list[str]:
     labels = _labels(sample[0], subject.decode)
 
     if subject.attention:
-        _, records = captured_forward(subject, sample)
+        _, records = subject.captured_forward(sample)
         for r in records:
-            if r.weights is None:
-                continue
             w = r.weights[0].float().cpu()  # (H, T, S)
             heads = w.shape[0]
             cols = min(heads, 4)
@@ -105,7 +102,7 @@ def write_pictures(subject: Subject, out_dir: str | Path) -> list[str]:
         combined = combine_masks(pad.cpu(), causal_mask(tp))  # (1, 1, T, S)
         panels.append(("combined (B=0)", combined[0, 0]))
         if subject.attention:
-            _, records = captured_forward(subject, ids, pad)
+            _, records = subject.captured_forward(ids, pad)
             for name, used in effective_masks(records).items():
                 panels.append((f"used by {name}", used))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.0 * len(panels), 3.2), squeeze=False)

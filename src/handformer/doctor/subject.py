@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from handformer.capture import AttentionCapture, attention_modules, capture_attention
 from handformer.data import Batch, LMWindows
 from handformer.nn.attention import MultiHeadAttention
 
@@ -132,8 +133,7 @@ class Subject:
         self.batches = [b.to(self.device) for b in self.batches]
         names = inspect.signature(self.model.forward).parameters
         self.accepts_padding_mask = "padding_mask" in names
-        self.attention = {n: m for n, m in self.model.named_modules()
-                          if isinstance(m, MultiHeadAttention)}
+        self.attention = attention_modules(self.model)
         self.has_cache = callable(getattr(self.model, "make_cache", None)) and "cache" in names
 
     # -- running the model --------------------------------------------------------------
@@ -144,6 +144,14 @@ class Subject:
                 raise ValueError("this model's forward takes no padding_mask")
             kwargs["padding_mask"] = padding_mask
         return self.model(ids, **kwargs)
+
+    def captured_forward(self, ids: Tensor, padding_mask: Tensor | None = None
+                         ) -> tuple[Tensor, AttentionCapture]:
+        """logits (B, T, V) and every attention call of one no-grad forward pass; the model
+        is left exactly as it was (see ``handformer.capture``)."""
+        with torch.no_grad(), capture_attention(self.model) as records:
+            logits = self.forward(ids, padding_mask)
+        return logits, records
 
     def probe_logits(self) -> Tensor:
         """The probe batch's logits (B, T, V), computed once without gradients."""

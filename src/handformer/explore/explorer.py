@@ -19,11 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.explore.attention_capture import (
-    AttentionRecord,
-    capture_attention,
-    self_attention_names,
-)
+from handformer.capture import AttentionRecord, capture_attention, self_attention_names
 from handformer.explore.payload import InputError
 from handformer.explore.prompts import EncodedText, encode_text, token_text
 from handformer.explore.run import ExploreRun

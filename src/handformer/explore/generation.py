@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.explore.attention_capture import AttentionRecord, capture_attention
+from handformer.capture import AttentionRecord, capture_attention
 from handformer.explore.explorer import Explorer
 from handformer.explore.payload import InputError
 from handformer.explore.prompts import encode_text, token_text
