@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.cli.doctor import add_doctor_subcommand
+from handformer.cli.doctor import register
 from handformer.config import ModelConfig
 from handformer.doctor import CHECK_NAMES
 from handformer.loss import lm_loss
@@ -32,7 +32,7 @@ def _one_thread() -> Iterator[None]:
 def doctor(argv: Sequence[str]) -> int:
     """Parse like the real ``handformer`` entry point does, then call the handler."""
     parser = argparse.ArgumentParser(prog="handformer")
-    add_doctor_subcommand(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["doctor", *argv])
     return args.handler(args)
 

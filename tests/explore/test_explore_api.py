@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import torch
 
-from handformer.cli.explore import add_explore_subcommand, run_explore
+from handformer.cli.explore import register, run_explore
 from handformer.config import ModelConfig
 from handformer.explore.explorer import Explorer
 from handformer.explore.run import load_explore_run
@@ -520,7 +520,7 @@ def test_refuses_non_loopback_addresses_unless_allowed(lm_dir: Path) -> None:
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="handformer")
-    add_explore_subcommand(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(argv)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.cli.encoders import main
+from handformer.cli import main
 from handformer.data.classification import (
     ClassificationBatches,
     DatasetError,

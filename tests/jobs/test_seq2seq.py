@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.cli.encoders import main
+from handformer.cli import main
 from handformer.config import ModelConfig
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.interop.torch_nn import to_torch_transformer

@@ -31,7 +31,7 @@ from handformer.nn.positional import POSITIONAL_KINDS
 from handformer.tokenizers import CharTokenizer
 from handformer.train.trainer import Trainer
 
-__all__ = ["LengthStudySettings", "add_experiment_subcommand", "run_length_study", "to_markdown"]
+__all__ = ["LengthStudySettings", "run_length_study", "to_markdown"]
 
 
 @dataclass
@@ -169,32 +169,3 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     save_figure(fig, path, dpi=120)
     plt.close(fig)
-
-
-def add_experiment_subcommand(sub: Any) -> None:
-    exp = sub.add_parser("experiment", help="measurements that answer a question")
-    which = exp.add_subparsers(dest="experiment", required=True)
-    length = which.add_parser(
-        "length", help="train at one length with each positional type, evaluate at 1×/2×/4×")
-    length.add_argument("--out", type=Path, default=Path("runs/length-study"))
-    length.add_argument("--quick", action="store_true",
-                        help="smaller model and fewer steps: a few minutes on 2 CPU cores")
-    length.add_argument("--train-len", type=int, default=None)
-    length.add_argument("--steps", type=int, default=None)
-    length.add_argument("--positional", action="append", choices=POSITIONAL_KINDS,
-                        help="only these positional types (repeatable; default: all)")
-    length.set_defaults(handler=_run_length_cli)
-
-
-def _run_length_cli(args: Any) -> int:
-    settings = LengthStudySettings.quick() if args.quick else LengthStudySettings()
-    if args.train_len is not None:
-        settings.train_len = args.train_len
-    if args.steps is not None:
-        settings.steps = args.steps
-    results = run_length_study(args.out, settings,
-                               positionals=tuple(args.positional or POSITIONAL_KINDS))
-    print()
-    print(to_markdown(results))
-    print(f"wrote {args.out}/length_study.{{md,json,png}}")
-    return 0

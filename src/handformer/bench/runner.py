@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "add_bench_subcommand", "draw_chart", "run_benchmarks"]
+__all__ = ["BENCHMARKS", "draw_chart", "run_benchmarks"]
 
 BENCHMARKS = ("tokenizer", "generation", "train", "attention", "time_to_loss")
 _MODULES = {"tokenizer": "tokenizer_throughput", "generation": "generation_speed",
@@ -88,28 +87,3 @@ def draw_chart(merged: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)
-
-
-def add_bench_subcommand(sub: Any) -> None:
-    bench = sub.add_parser("bench", help="run the benchmarks side by side; table, JSON, PNG")
-    bench.add_argument("--quick", action="store_true", help="tiny sizes, a few repeats")
-    bench.add_argument("--only", action="append", choices=BENCHMARKS,
-                       help="run only these (repeatable; default: all)")
-    bench.add_argument("--out-dir", type=Path, default=Path("benchmarks/results"))
-    bench.add_argument("--data", type=Path, default=None,
-                       help="text for time_to_loss (default: the built-in text)")
-    bench.add_argument("--json", type=Path, default=None,
-                       help="merged JSON (default: OUT_DIR/bench.json)")
-    bench.set_defaults(handler=_run)
-
-
-def _run(args: argparse.Namespace) -> int:
-    names = tuple(args.only or BENCHMARKS)
-    merged = run_benchmarks(names, args.out_dir, args.quick, args.data)
-    json_path = args.json or args.out_dir / "bench.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(merged, indent=2), encoding="utf-8")
-    chart = args.out_dir / "bench.png"
-    draw_chart(merged, chart)
-    print(f"\nwrote {json_path} and {chart}")
-    return 0

@@ -6,10 +6,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_convert_subcommand"]
+__all__ = ["register"]
 
 
-def add_convert_subcommand(sub: Any) -> None:
+def register(sub: Any) -> None:
     conv = sub.add_parser("convert", help="convert between run folders and transformers folders")
     direction = conv.add_mutually_exclusive_group(required=True)
     direction.add_argument("--to", choices=["hf"], help="run folder → transformers folder")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_doctor_subcommand", "build_subject", "run_doctor"]
+__all__ = ["build_subject", "register", "run_doctor"]
 
 
 def _positive_int(text: str) -> int:
@@ -29,7 +29,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def add_doctor_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+def register(subparsers: Any) -> argparse.ArgumentParser:
     """Register ``doctor`` on an ``add_subparsers()`` object; its handler is ``args.handler``."""
     from handformer.config import PRESETS
 

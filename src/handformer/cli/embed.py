@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_embed_subcommand"]
+__all__ = ["register"]
 
 
-def add_embed_subcommand(sub: Any) -> None:
+def register(sub: Any) -> None:
     emb = sub.add_parser("embed", help="sentence embeddings with a BERT-style model")
     emb.add_argument("sentences", nargs="+", help="sentences to embed")
     emb.add_argument("--model", default="minilm",

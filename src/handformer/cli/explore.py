@@ -1,6 +1,6 @@
 """``handformer explore --run DIR [--port P] [--host H] [--allow-remote] [--open]``.
 
-Registered into the main parser by ``add_explore_subcommand(subparsers)``; the handler
+Registered into the main parser by ``register(subparsers)``; the handler
 returns an exit code (0 after Ctrl-C, 2 for a bad run folder, address or port).
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_PORT", "add_explore_subcommand", "run_explore"]
+__all__ = ["DEFAULT_PORT", "register", "run_explore"]
 
 DEFAULT_PORT = 8765
 
@@ -28,7 +28,7 @@ def _port(text: str) -> int:
     return value
 
 
-def add_explore_subcommand(subparsers: Any) -> argparse.ArgumentParser:
+def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``explore`` to ``subparsers`` (from ``parser.add_subparsers()``); the parsed
     namespace carries ``handler=run_explore``."""
     parser = subparsers.add_parser(

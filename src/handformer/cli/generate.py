@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_generate_subcommand", "run_generate"]
+__all__ = ["register", "run_generate"]
 
 
-def add_generate_subcommand(sub: Any) -> None:
+def register(sub: Any) -> None:
     gen = sub.add_parser("generate", help="sample text from a trained run folder")
     gen.add_argument("--run", type=Path, required=True, help="run folder written by train")
     source = gen.add_mutually_exclusive_group()

@@ -6,8 +6,8 @@
       checkpoints/step-…/                              resumable checkpoints (see checkpoint.py)
       tensorboard/                                     with --tensorboard
 
-The CLI's ``handformer train`` is a thin shell around ``train_char_lm`` and
-``resume_char_lm``.
+The CLI's ``handformer train`` is a thin shell around ``train_lm`` and
+``resume_lm``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from handformer.train.checkpoint import (
 from handformer.train.distributed import DistContext, init_distributed
 from handformer.train.trainer import Trainer, TrainResult, pick_device
 
-__all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_char_lm", "train_char_lm"]
+__all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_lm", "train_lm"]
 
 CHECKPOINTS, LOSS_CURVE, TENSORBOARD = "checkpoints", "loss_curve.png", "tensorboard"
 BUILTIN_SOURCE = "builtin:pydoc_data.topics"
@@ -118,7 +118,7 @@ def load_recorded_text(record: dict[str, Any] | None, run_dir: Path) -> str:
     source = (record or {}).get("source")
     if not source:
         raise ValueError(f"{run_dir} was trained on text passed in from Python, not a file; "
-                         "pass the same text again: resume_char_lm(run_dir, text=...)")
+                         "pass the same text again: resume_lm(run_dir, text=...)")
     text = builtin_text() if source == BUILTIN_SOURCE else read_text_file(source)
     assert record is not None
     if _fingerprint(text) != record.get("sha256"):
@@ -245,7 +245,7 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
                  resume_step, dist)
 
 
-def train_char_lm(
+def train_lm(
     text: str,
     *,
     out_dir: str | Path,
@@ -262,7 +262,7 @@ def train_char_lm(
 ) -> LMRun:
     """Train a fresh LM on characters (``tokenizer="char"``) or on a byte-level BPE learned
     from the same text (``"bpe"``, ``vocab_size`` tokens). ``data_source`` (a file path or
-    ``BUILTIN_SOURCE``) is recorded so that ``resume_char_lm`` can read the same text again."""
+    ``BUILTIN_SOURCE``) is recorded so that ``resume_lm`` can read the same text again."""
     if tokenizer not in ("char", "bpe"):
         raise ValueError(f"tokenizer must be 'char' or 'bpe'; got {tokenizer!r}")
     # The process group comes first (a BPE is learned on rank 0 and sent to the others); it
@@ -290,7 +290,7 @@ def train_char_lm(
                 sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
 
 
-def resume_char_lm(
+def resume_lm(
     run_dir: str | Path,
     *,
     max_steps: int | None = None,

@@ -1,0 +1,144 @@
+"""``handformer classify train`` and ``handformer classify predict``: sequence
+classification with a Transformer encoder (``handformer.jobs.classify``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from handformer.cli.common import (
+    add_threads_option,
+    add_training_options,
+    positive_int,
+    reporting,
+    training_overrides,
+)
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``classify`` (with ``train`` and ``predict``) to ``handformer``'s sub-parsers."""
+    classify = subparsers.add_parser(
+        "classify", help="sequence classification with a Transformer encoder")
+    csub = classify.add_subparsers(dest="action", required=True)
+    ct = csub.add_parser(
+        "train", help="train a classifier (no --data: the built-in balanced-brackets task, "
+                      "chance level 50%%)")
+    ct.add_argument("--data", type=Path, default=None,
+                    help="CSV/TSV/JSONL with a text and a label column")
+    ct.add_argument("--val", type=Path, default=None,
+                    help="validation file (default: hold out --val-fraction of --data)")
+    ct.add_argument("--val-fraction", type=float, default=0.1)
+    ct.add_argument("--text-col", default="text")
+    ct.add_argument("--label-col", default="label")
+    ct.add_argument("--out", type=Path, default=Path("runs/classify"))
+    ct.add_argument("--max-len", type=positive_int, default=None,
+                    help="tokens per text incl. <bos>; longer texts are truncated with a "
+                         "warning (default 256; built-in task: --seq-len + 1)")
+    ct.add_argument("--seq-len", type=positive_int, default=None,
+                    help="built-in task only: longest generated string (default 64); "
+                         "lengths are drawn from [seq_len/2, seq_len]")
+    ct.add_argument("--pooling", choices=("cls", "mean"), default="cls",
+                    help="first token (<bos>) or mean over real tokens (default cls)")
+    ct.add_argument("--positional", choices=("learned", "sinusoidal", "rope", "alibi"),
+                    default=None, help="position scheme (default rope)")
+    ct.add_argument("--no-bucket", action="store_true",
+                    help="batch in random order instead of grouping similar lengths")
+    add_training_options(ct)
+    ct.set_defaults(handler=reporting("classify train", _classify_train))
+
+    cp = csub.add_parser("predict", help="classify texts with a trained run folder")
+    cp.add_argument("--run", type=Path, required=True, help="folder written by classify train")
+    source = cp.add_mutually_exclusive_group(required=True)
+    source.add_argument("--text", action="append", help="a text to classify (repeatable)")
+    source.add_argument("--data", type=Path, help="CSV/TSV/JSONL file of texts")
+    cp.add_argument("--text-col", default="text")
+    cp.add_argument("--label-col", default=None,
+                    help="with --data: score predictions against this column")
+    cp.add_argument("--confusion", type=Path, default=None,
+                    help="with --label-col: also draw the confusion matrix to this PNG")
+    cp.add_argument("--device", default="cpu")
+    add_threads_option(cp)
+    cp.set_defaults(handler=reporting("classify predict", _classify_predict))
+
+
+def _classify_train(args: argparse.Namespace) -> int:
+    from handformer.jobs.classify import builtin_brackets_data, file_data, train_classifier
+
+    if args.data is None:
+        if args.val is not None:
+            raise ValueError("--val needs --data (the built-in task makes its own validation)")
+        seq_len = args.seq_len or 64
+        data = builtin_brackets_data(seq_len=seq_len, seed=args.seed or 0)
+        max_len = args.max_len or seq_len + 1
+    else:
+        if args.seq_len is not None:
+            raise ValueError("--seq-len sets the built-in task's length; with --data use "
+                             "--max-len")
+        data = file_data(args.data, val_path=args.val, text_col=args.text_col,
+                         label_col=args.label_col, val_fraction=args.val_fraction,
+                         seed=args.seed or 0)
+        max_len = args.max_len or 256
+    model_overrides, train_overrides = training_overrides(args)
+    if args.positional is not None:
+        model_overrides["positional"] = args.positional
+    print(f"training a classifier on {data.source}: {len(data.train_texts):,} training and "
+          f"{len(data.val_texts):,} validation texts, max_len {max_len}", flush=True)
+    run = train_classifier(data, out_dir=args.out, max_len=max_len,
+                           model_overrides=model_overrides, train_overrides=train_overrides,
+                           pooling=args.pooling, bucket=not args.no_bucket,
+                           progress=not args.no_progress)
+    s = run.summary
+    print(f"\nparameters: {s['parameters']:,}   steps: {run.result.steps}   "
+          f"time: {s['seconds']:.1f}s")
+    print(f"validation accuracy: {s['val_accuracy']:.4f}   macro-F1: {s['val_macro_f1']:.4f}   "
+          f"(chance {s['chance']:.3f}, majority class {s['majority_baseline']:.3f})")
+    print("confusion matrix (rows: true, columns: predicted; order "
+          f"{', '.join(run.labels.labels)}):")
+    for row in s["confusion"]:
+        print("  " + " ".join(f"{n:>6}" for n in row))
+    print(f"run folder: {run.run_dir}")
+    return 0
+
+
+def _classify_predict(args: argparse.Namespace) -> int:
+    from handformer.data.classification import read_examples
+    from handformer.jobs.classify import (
+        confusion_matrix,
+        load_classifier_run,
+        plot_confusion,
+        predict_texts,
+        scores_from_confusion,
+    )
+
+    if args.confusion is not None and args.label_col is None:
+        raise ValueError("--confusion needs --data and --label-col (the true labels)")
+    loaded = load_classifier_run(args.run, device=args.device)
+    if args.text is not None:
+        texts, truth = list(args.text), None
+    else:
+        texts, truth = read_examples(args.data, text_col=args.text_col,
+                                     label_col=args.label_col)
+    if truth is not None:  # fail on an unknown label before predicting anything
+        truth_ids = loaded.labels.encode(truth, source=str(args.data))
+    predictions = predict_texts(loaded, texts)
+    for text, p in zip(texts, predictions, strict=True):
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        print(f"{p.label}\t{p.confidence:.3f}\t{shown}")
+    if truth is not None:
+        import torch
+
+        predicted = loaded.labels.encode([p.label for p in predictions])
+        cm = confusion_matrix(torch.tensor(truth_ids), torch.tensor(predicted),
+                              len(loaded.labels))
+        scores = scores_from_confusion(cm)
+        print(f"accuracy: {scores['accuracy']:.4f}   macro-F1: {scores['macro_f1']:.4f}   "
+              f"({len(texts)} texts)")
+        if args.confusion is not None:
+            plot_confusion(cm.tolist(), loaded.labels.labels, args.confusion,
+                           title=f"{args.data.name} ({len(texts)} texts)\naccuracy "
+                                 f"{scores['accuracy']:.3f}, macro-F1 {scores['macro_f1']:.3f}")
+            print(f"confusion matrix: {args.confusion}")
+    return 0

@@ -1,0 +1,177 @@
+"""``handformer train``: the language-model job (``handformer.jobs.lm``) from the command
+line — a fresh run on the built-in text or a file, or ``--resume`` of an unfinished one."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from handformer.cli.common import positive_int
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    """Add ``train`` to ``handformer``'s sub-parsers."""
+    from handformer.config import PRECISIONS, PRESETS, STRATEGIES
+    from handformer.nn.attention import ATTENTION_KINDS
+    from handformer.nn.positional import POSITIONAL_KINDS
+
+    train = sub.add_parser(
+        "train", help="train a language model on characters or BPE (or --resume one)",
+        description="Train a language model (characters or a byte-level BPE) and write a run folder; --resume RUN_DIR continues "
+        "a run exactly from its newest checkpoint.")
+    train.add_argument("--data", type=Path, default=None,
+                       help="UTF-8 text file (default: Python's built-in documentation text)")
+    train.add_argument("--out", type=Path, default=None,
+                       help="run folder to write (default: runs/default)")
+    train.add_argument("--preset", default=None, choices=sorted(PRESETS),
+                       help="model + training recipe (default: default)")
+    train.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
+                       help="continue RUN_DIR from its newest checkpoint; the recipe, "
+                       "tokenizer and data come from the run folder (only --max-steps and "
+                       "--no-progress may be given)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace an unfinished run in --out instead of refusing")
+    train.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
+                       help="characters (default) or a byte-level BPE learned on the text")
+    train.add_argument("--vocab-size", type=positive_int, default=None,
+                       help="BPE vocabulary size (default 1000; with --tokenizer bpe)")
+    train.add_argument("--max-steps", type=positive_int, default=None)
+    train.add_argument("--batch-size", type=positive_int, default=None,
+                       help="micro-batch size (windows per forward pass)")
+    train.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
+                       help="accumulate N micro-batches per optimizer step")
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--dropout", type=float, default=None)
+    train.add_argument("--device", default=None, help="auto (default), cpu, cuda, mps")
+    train.add_argument("--precision", choices=PRECISIONS, default=None,
+                       help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "
+                       "(cuda)")
+    train.add_argument("--strategy", choices=STRATEGIES, default=None,
+                       help="under torchrun: ddp (default; every rank holds the whole model) "
+                       "or fsdp (weights, gradients and optimizer state sharded over ranks)")
+    train.add_argument("--compile", action="store_true", default=None,
+                       help="compile the model with torch.compile")
+    train.add_argument("--attention", choices=ATTENTION_KINDS, default=None)
+    train.add_argument("--positional", choices=POSITIONAL_KINDS, default=None)
+    train.add_argument("--log-interval", type=positive_int, default=None)
+    train.add_argument("--eval-interval", type=positive_int, default=None)
+    train.add_argument("--checkpoint-interval", type=positive_int, default=None,
+                       help="steps between checkpoints (default: at every evaluation)")
+    train.add_argument("--keep-last", type=positive_int, default=None,
+                       help="checkpoints to keep besides the best (default 3)")
+    train.add_argument("--patience", type=positive_int, default=None,
+                       help="stop after this many evaluations without a better val loss")
+    train.add_argument("--max-nonfinite", type=positive_int, default=None,
+                       help="stop after this many steps with a NaN/Inf loss or gradient")
+    train.add_argument("--tensorboard", action="store_true", default=None,
+                       help="also log to RUN_DIR/tensorboard (needs handformer[tensorboard])")
+    train.add_argument("--no-plot", action="store_true",
+                       help="do not draw loss_curve.png")
+    train.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    train.set_defaults(handler=_cmd_train)
+
+
+_RESUME_ALLOWED = {"resume", "max_steps", "no_progress", "strategy", "command", "handler"}
+
+
+def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
+    given = {
+        "max_steps": args.max_steps, "batch_size": args.batch_size, "lr": args.lr,
+        "seed": args.seed, "device": args.device, "grad_accum_steps": args.grad_accum,
+        "precision": args.precision, "compile": args.compile,
+        "log_interval": args.log_interval, "eval_interval": args.eval_interval,
+        "checkpoint_interval": args.checkpoint_interval, "keep_last": args.keep_last,
+        "early_stopping_patience": args.patience, "max_nonfinite_steps": args.max_nonfinite,
+        "tensorboard": args.tensorboard, "loss_curve": False if args.no_plot else None,
+        "strategy": args.strategy,
+    }
+    overrides = {k: v for k, v in given.items() if v is not None}
+    if args.max_steps is not None and args.eval_interval is None:
+        # Keep the recipe's shape on shorter runs: warm-up and evaluation fit inside them.
+        overrides["eval_interval"] = max(1, min(250, args.max_steps // 4))
+    return overrides
+
+
+def _is_main_process() -> bool:
+    """Rank 0 of a torchrun job, or a plain process: the one that prints."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from handformer.train.distributed import shutdown_distributed
+
+    run = None
+    try:
+        code, run = _train(args)
+        return code
+    finally:
+        if run is not None:
+            shutdown_distributed(run.dist)
+
+
+def _train(args: argparse.Namespace) -> tuple[int, Any]:
+    from handformer.data.corpora import builtin_text, read_text_file
+    from handformer.jobs.lm import BUILTIN_SOURCE, resume_lm, train_lm
+    from handformer.train.callbacks import MissingExtraError
+    from handformer.train.trainer import NonFiniteError
+
+    say = print if _is_main_process() else (lambda *a, **k: None)
+    try:
+        if args.resume is not None:
+            extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
+                           if k not in _RESUME_ALLOWED and v not in (None, False))
+            if extra:
+                raise ValueError(f"--resume takes the recipe from the run folder; it accepts "
+                                 f"only --max-steps, --strategy and --no-progress, got {extra}")
+            say(f"resuming {args.resume}", flush=True)
+            run = resume_lm(args.resume, max_steps=args.max_steps,
+                                 progress=not args.no_progress, strategy=args.strategy)
+            say(f"resumed from step {run.resumed_from}")
+        else:
+            text = builtin_text() if args.data is None else read_text_file(args.data)
+            source = "built-in Python documentation text" if args.data is None else str(args.data)
+            preset = args.preset or "default"
+            model_overrides = {k: v for k, v in {
+                "attention": args.attention, "positional": args.positional,
+                "dropout": args.dropout}.items() if v is not None}
+            if args.vocab_size is not None and args.tokenizer != "bpe":
+                raise ValueError("--vocab-size applies to --tokenizer bpe only")
+            say(f"training on {source} ({len(text):,} characters), preset {preset!r}",
+                flush=True)
+            run = train_lm(
+                text, out_dir=args.out or Path("runs/default"), preset=preset,
+                model_overrides=model_overrides, train_overrides=_train_overrides(args),
+                progress=not args.no_progress, overwrite=args.overwrite,
+                tokenizer=args.tokenizer or "char", vocab_size=args.vocab_size or 1000,
+                data_source=BUILTIN_SOURCE if args.data is None else str(args.data.resolve()))
+    except MissingExtraError as err:
+        print(f"handformer train: error: {err}", file=sys.stderr)
+        return 2, None
+    except NonFiniteError as err:
+        say(f"handformer train: error: {err}", file=sys.stderr)
+        return 3, None
+    if not run.dist.is_main:
+        return 0, run
+    r = run.result
+    print(f"\nparameters: {run.model.num_parameters():,}   steps: {r.steps}   "
+          f"time: {r.seconds:.1f}s   median step: {r.median_step_ms:.1f} ms")
+    print(f"validation loss: {r.final_val_loss:.4f} nats/token "
+          f"(unigram baseline {run.unigram_loss:.4f})")
+    if r.best_step is not None:
+        print(f"best validation loss: {r.best_val_loss:.4f} at step {r.best_step}")
+    if r.nonfinite_steps:
+        print(f"skipped steps (non-finite loss or gradient): {r.nonfinite_steps}")
+    print(f"run folder: {run.run_dir}")
+    if run.dist.is_distributed:
+        print(f"trained on {run.dist.world_size} processes ({run.train_config.strategy}), "
+              f"global batch {run.train_config.batch_size} windows")
+    print("\n--- sample ---")
+    print(run.sample)
+    return 0, run
