@@ -17,7 +17,8 @@ from handformer.nn.block import NORM_KINDS
 from handformer.nn.feedforward import ACTIVATIONS
 from handformer.nn.positional import POSITIONAL_KINDS
 
-__all__ = ["PRECISIONS", "PRESETS", "STRATEGIES", "ModelConfig", "TrainConfig", "get_preset"]
+__all__ = ["CLASSIFY_PRESET", "PRECISIONS", "PRESETS", "SEQ2SEQ_PRESET", "STRATEGIES",
+           "ModelConfig", "Preset", "TrainConfig", "get_preset"]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")  # how torchrun ranks share the model
@@ -243,6 +244,30 @@ PRESETS: dict[str, Preset] = {
                    warmup_steps=10, eval_interval=30, eval_batches=4, log_interval=10),
     ),
 }
+
+
+# The encoder jobs' recipes (``handformer classify train`` / ``seq2seq train``); the window
+# (``max_len`` / ``block_size``) and the vocabulary come from the data.
+CLASSIFY_PRESET = Preset(
+    description="encoder classifier: pre-norm, warm-up, RoPE (relative positions let a head "
+    "compare 'is this key before that query' at any length, which the built-in brackets task "
+    "needs)",
+    model=dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, positional="rope",
+               norm="pre", attention="sdpa", activation="gelu", tie_weights=False),
+    train=dict(batch_size=32, max_steps=600, lr=1e-3, min_lr=1e-4, warmup_steps=50,
+               weight_decay=0.01, eval_interval=100, log_interval=50, eval_batches=1,
+               seed=1337),
+)
+SEQ2SEQ_PRESET = Preset(
+    description="encoder-decoder: sinusoidal positions as in the original paper, with the "
+    "pre-norm + warm-up recipe",
+    model=dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0,
+               positional="sinusoidal", norm="pre", attention="sdpa", activation="gelu",
+               tie_weights=True),
+    train=dict(batch_size=64, max_steps=1500, lr=2e-3, min_lr=1e-4, warmup_steps=100,
+               weight_decay=0.01, eval_interval=250, log_interval=50, eval_batches=1,
+               seed=1337),
+)
 
 
 def get_preset(name: str) -> Preset:

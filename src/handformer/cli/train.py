@@ -22,8 +22,8 @@ def register(sub: Any) -> None:
 
     train = sub.add_parser(
         "train", help="train a language model on characters or BPE (or --resume one)",
-        description="Train a language model (characters or a byte-level BPE) and write a run folder; --resume RUN_DIR continues "
-        "a run exactly from its newest checkpoint.")
+        description="Train a language model (characters or a byte-level BPE) and write a run "
+        "folder; --resume RUN_DIR continues a run exactly from its newest checkpoint.")
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: Python's built-in documentation text)")
     train.add_argument("--out", type=Path, default=None,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.config import ModelConfig, TrainConfig
+from handformer.config import CLASSIFY_PRESET, ModelConfig, TrainConfig
 from handformer.data import Batch
 from handformer.data.classification import (
     ClassificationBatches,
@@ -48,8 +48,6 @@ from handformer.train.callbacks import MetricsWriter
 from handformer.train.trainer import Trainer, TrainResult
 
 __all__ = [
-    "CLASSIFY_MODEL",
-    "CLASSIFY_TRAIN",
     "ClassifierRun",
     "ClassifyData",
     "LoadedClassifier",
@@ -66,17 +64,6 @@ __all__ = [
 ]
 
 CONFUSION_PNG = "confusion.png"
-
-# The default recipe: pre-norm, warm-up, RoPE. Relative positions let a head compare
-# "is this key before that query" as a function of the offset alone, which is what the
-# built-in brackets task needs at any length.
-CLASSIFY_MODEL: dict[str, Any] = dict(
-    d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, positional="rope", norm="pre",
-    attention="sdpa", activation="gelu", tie_weights=False)
-CLASSIFY_TRAIN: dict[str, Any] = dict(
-    batch_size=32, max_steps=600, lr=1e-3, min_lr=1e-4, warmup_steps=50, weight_decay=0.01,
-    eval_interval=100, log_interval=50, eval_batches=1, seed=1337)
-
 
 # -- data -------------------------------------------------------------------------------
 @dataclass
@@ -267,9 +254,9 @@ def train_classifier(
     train_ids = encode_texts(data.train_texts, tokenizer, max_len, source="training data")
     val_ids = encode_texts(data.val_texts, tokenizer, max_len, source="validation data")
 
-    train_cfg = TrainConfig.from_dict({**CLASSIFY_TRAIN, "block_size": max_len,
+    train_cfg = TrainConfig.from_dict({**CLASSIFY_PRESET.train, "block_size": max_len,
                                        **(train_overrides or {})})
-    model_cfg = ModelConfig.from_dict({**CLASSIFY_MODEL, **(model_overrides or {}),
+    model_cfg = ModelConfig.from_dict({**CLASSIFY_PRESET.model, **(model_overrides or {}),
                                        "vocab_size": tokenizer.vocab_size, "max_len": max_len})
     config = ClassifierConfig(model_cfg, num_classes=len(labels), pooling=pooling)
     torch.manual_seed(train_cfg.seed)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.config import ModelConfig, TrainConfig
+from handformer.config import SEQ2SEQ_PRESET, ModelConfig, TrainConfig
 from handformer.data import Batch
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import IGNORE_INDEX, lm_loss
@@ -39,8 +39,6 @@ from handformer.train.callbacks import MetricsWriter
 from handformer.train.trainer import Trainer, TrainResult
 
 __all__ = [
-    "SEQ2SEQ_MODEL",
-    "SEQ2SEQ_TRAIN",
     "LoadedSeq2Seq",
     "Seq2SeqBatch",
     "Seq2SeqRun",
@@ -51,15 +49,6 @@ __all__ = [
     "train_seq2seq",
     "translate",
 ]
-
-
-# Sinusoidal positions, as in the original paper; the rest is the pre-norm + warm-up recipe.
-SEQ2SEQ_MODEL: dict[str, Any] = dict(
-    d_model=64, n_heads=4, n_layers=2, d_ff=256, dropout=0.0, positional="sinusoidal",
-    norm="pre", attention="sdpa", activation="gelu", tie_weights=True)
-SEQ2SEQ_TRAIN: dict[str, Any] = dict(
-    batch_size=64, max_steps=1500, lr=2e-3, min_lr=1e-4, warmup_steps=100, weight_decay=0.01,
-    eval_interval=250, log_interval=50, eval_batches=1, seed=1337)
 
 
 @dataclass
@@ -190,11 +179,11 @@ def train_seq2seq(
     spec = SEQ2SEQ_TASKS[task]
     min_len = spec.default_min_len if min_len is None else min_len
     max_len = spec.default_max_len if max_len is None else max_len
-    train_cfg = TrainConfig.from_dict({**SEQ2SEQ_TRAIN, "block_size": max_len,
+    train_cfg = TrainConfig.from_dict({**SEQ2SEQ_PRESET.train, "block_size": max_len,
                                        **(train_overrides or {})})
     tokenizer = CharTokenizer(SEQ2SEQ_ALPHABET)
     src_len, tgt_len = spec.max_lengths(max_len)
-    shape = {**SEQ2SEQ_MODEL, **(model_overrides or {}), "vocab_size": tokenizer.vocab_size}
+    shape = {**SEQ2SEQ_PRESET.model, **(model_overrides or {}), "vocab_size": tokenizer.vocab_size}
     config = Seq2SeqConfig(encoder=ModelConfig.from_dict({**shape, "max_len": src_len + 1}),
                            decoder=ModelConfig.from_dict({**shape, "max_len": tgt_len + 1}))
     torch.manual_seed(train_cfg.seed)
