@@ -12,10 +12,10 @@ import torch
 
 from handformer.cli import main
 from handformer.config import ModelConfig
+from handformer.data.seq2seq import collate_pairs
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.interop.torch_nn import to_torch_transformer
 from handformer.jobs.seq2seq import (
-    collate_pairs,
     load_seq2seq_run,
     train_seq2seq,
     translate,

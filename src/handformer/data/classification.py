@@ -32,6 +32,7 @@ import torch
 
 from handformer.atomic import atomic_write_text
 from handformer.data import Batch
+from handformer.data.padding import pad_sequences
 from handformer.tokenizers import CharTokenizer
 
 __all__ = [
@@ -213,19 +214,10 @@ def collate_classification(
 ) -> Batch:
     """Right-pad to the longest sequence: ids (B, T), padding_mask (B, T), targets (B,).
     Without labels the targets are all ``-1`` (prediction)."""
-    if not sequences:
-        raise ValueError("collate_classification got no sequences")
     if labels is not None and len(labels) != len(sequences):
         raise ValueError(f"{len(sequences)} sequences but {len(labels)} labels")
-    empty = [i for i, s in enumerate(sequences) if len(s) == 0]
-    if empty:
-        raise ValueError(f"sequences {empty[:5]} are empty; every example needs a token")
-    b, t = len(sequences), max(len(s) for s in sequences)
-    ids = torch.full((b, t), pad_id, dtype=torch.long)  # (B, T)
-    mask = torch.zeros((b, t), dtype=torch.bool)  # (B, T)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        mask[row, : len(seq)] = True
+    ids, mask = pad_sequences(sequences, pad_id)  # (B, T), (B, T)
+    b = len(sequences)
     targets = (torch.full((b,), -1, dtype=torch.long) if labels is None
                else torch.as_tensor(list(labels), dtype=torch.long))  # (B,)
     return Batch(ids=ids, targets=targets, padding_mask=mask)

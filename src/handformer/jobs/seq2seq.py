@@ -1,13 +1,8 @@
 """The seq2seq job: a built-in task → EncoderDecoder (teacher forcing) → run folder.
 
-Each example becomes
-
-    src  = s1 … sm <eos>                 the encoder's input (the <eos> marks the end)
-    ids  = <bos> t1 … tn                 the decoder's input (teacher forcing)
-    tgt  =       t1 … tn <eos>           what each decoder position must predict
-
-padded to the longest in the batch, with ``IGNORE_INDEX`` where the target is padding. The
-training stream draws fresh pairs every step and never the held-out sources, so the reported
+Pairs become batches in ``handformer.data.seq2seq`` (source + ``<eos>``; ``<bos>`` + target
+as the decoder's input; target + ``<eos>`` as what it must predict). The training stream
+draws fresh pairs every step and never the held-out sources, so the reported
 exact match (the whole decoded output equal to the answer) is on unseen inputs.
 
     RUN_DIR/  model.safetensors  config.json {"seq2seq", "train", "task", "summary"}
@@ -29,8 +24,10 @@ from torch import Tensor, nn
 
 from handformer.config import SEQ2SEQ_PRESET, ModelConfig, TrainConfig
 from handformer.data import Batch
+from handformer.data.padding import pad_sequences
+from handformer.data.seq2seq import Seq2SeqBatch, collate_pairs, encode_sources
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
-from handformer.loss import IGNORE_INDEX, lm_loss
+from handformer.loss import lm_loss
 from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
 from handformer.runs import load_run, save_run
 from handformer.runs.files import METRICS, SUMMARY, write_json
@@ -40,9 +37,7 @@ from handformer.train.trainer import Trainer, TrainResult
 
 __all__ = [
     "LoadedSeq2Seq",
-    "Seq2SeqBatch",
     "Seq2SeqRun",
-    "collate_pairs",
     "exact_match",
     "load_seq2seq_run",
     "seq2seq_forward",
@@ -51,57 +46,10 @@ __all__ = [
 ]
 
 
-@dataclass
-class Seq2SeqBatch(Batch):
-    """A ``Batch`` whose ``ids``/``targets``/``padding_mask`` are the decoder's, plus the
-    source: ``src`` (B, S) and ``src_mask`` (B, S), True on real tokens."""
-
-    src: Tensor | None = None
-    src_mask: Tensor | None = None
-
-    def to(self, device: torch.device | str) -> Seq2SeqBatch:
-        moved = {k: None if v is None else v.to(device)
-                 for k, v in (("ids", self.ids), ("targets", self.targets),
-                              ("padding_mask", self.padding_mask), ("src", self.src),
-                              ("src_mask", self.src_mask))}
-        out = Seq2SeqBatch(**moved)  # type: ignore[arg-type]
-        out.carry_token_count(self)
-        return out
-
-
 def seq2seq_forward(model: nn.Module, batch: Batch) -> Tensor:
     """The Trainer's ``forward_fn``: teacher-forced logits (B, T, V)."""
     assert isinstance(batch, Seq2SeqBatch)
     return model(batch.src, batch.ids, batch.src_mask, batch.padding_mask)
-
-
-def _pad(rows: Sequence[Sequence[int]], value: int) -> Tensor:
-    out = torch.full((len(rows), max(len(r) for r in rows)), value, dtype=torch.long)  # (B, L)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.as_tensor(list(row), dtype=torch.long)
-    return out
-
-
-def encode_sources(sources: Sequence[str], tokenizer: CharTokenizer) -> list[list[int]]:
-    """Characters + ``<eos>``; a character outside the vocabulary is an error naming it."""
-    empty = [i for i, s in enumerate(sources) if not s]
-    if empty:
-        raise ValueError(f"source(s) {empty[:5]} are empty; give at least one character")
-    return [tokenizer.encode(s, add_eos=True, unknown="error") for s in sources]
-
-
-def collate_pairs(pairs: Sequence[tuple[str, str]], tokenizer: CharTokenizer) -> Seq2SeqBatch:
-    """(source, target) strings → a right-padded ``Seq2SeqBatch``."""
-    if not pairs:
-        raise ValueError("collate_pairs got no pairs")
-    pad = tokenizer.pad_id
-    src = encode_sources([s for s, _ in pairs], tokenizer)
-    tgt = [tokenizer.encode(t, add_bos=True, add_eos=True, unknown="error") for _, t in pairs]
-    src_ids = _pad(src, pad)  # (B, S)
-    dec_in = _pad([t[:-1] for t in tgt], pad)  # (B, T): <bos> t1 … tn
-    targets = _pad([t[1:] for t in tgt], IGNORE_INDEX)  # (B, T): t1 … tn <eos>
-    return Seq2SeqBatch(ids=dec_in, targets=targets, padding_mask=targets != IGNORE_INDEX,
-                        src=src_ids, src_mask=src_ids != pad)
 
 
 @torch.no_grad()
@@ -113,8 +61,8 @@ def translate(model: EncoderDecoder, tokenizer: CharTokenizer, sources: Sequence
     outputs: list[str] = []
     for start in range(0, len(sources), batch_size):
         src = encode_sources(sources[start : start + batch_size], tokenizer)
-        src_ids = _pad(src, tokenizer.pad_id).to(device)  # (B, S)
-        out = greedy_decode(model, src_ids, src_ids != tokenizer.pad_id,
+        src_ids, src_mask = pad_sequences(src, tokenizer.pad_id)  # (B, S), (B, S)
+        out = greedy_decode(model, src_ids.to(device), src_mask.to(device),
                             bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                             max_new_tokens=limit, pad_id=tokenizer.pad_id)  # (B, N)
         for row in out.tolist():
