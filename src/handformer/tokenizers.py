@@ -186,23 +186,28 @@ class HFTokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """Number of ids, added special tokens included (the model's ``vocab_size``)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     @property
     def pad_id(self) -> int:
+        """The padding token's id (``<pad>``/``[PAD]``), 0 when the vocabulary has none."""
         found = self._find(self._PAD_NAMES)
         return 0 if found is None else found
 
     @property
     def unk_id(self) -> int | None:
+        """``<unk>``/``[UNK]``'s id, or None (byte-level BPE never needs one)."""
         return self._find(self._UNK_NAMES)
 
     @property
     def bos_id(self) -> int | None:
+        """The begin-of-sequence id (``<bos>``, ``[CLS]``, ``<s>``, ``<|endoftext|>``) or None."""
         return self._find(self._BOS_NAMES)
 
     @property
     def eos_id(self) -> int | None:
+        """The end-of-sequence id (``<eos>``, ``[SEP]``, ``</s>``, ``<|endoftext|>``) or None."""
         return self._find(self._EOS_NAMES)
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
@@ -214,12 +219,14 @@ class HFTokenizer:
         return bos + ids + eos
 
     def encode_array(self, text: str) -> np.ndarray:
+        """A whole corpus → int64 ids (N,), without special tokens."""
         # One call on the whole text: splitting it first (e.g. by lines) would change where
         # whitespace runs are cut, and so the tokens.
         return np.asarray(self.backend.encode(text, add_special_tokens=False).ids,
                           dtype=np.int64)
 
     def decode(self, ids: Sequence[int] | np.ndarray | Any, *, skip_special: bool = True) -> str:
+        """ids → text; special tokens are left out unless ``skip_special=False``."""
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         return self.backend.decode(ids, skip_special_tokens=skip_special)
 
@@ -228,10 +235,12 @@ class HFTokenizer:
         return json.loads(self.backend.to_str(pretty=False))
 
     def save(self, path: str | Path) -> None:
+        """Write the library's own ``tokenizer.json`` (atomically: whole or not at all)."""
         atomic_write_text(Path(path), self.backend.to_str(pretty=False))
 
     @classmethod
     def load(cls, path: str | Path) -> HFTokenizer:
+        """Any ``tokenizers`` library ``tokenizer.json`` (GPT-2's, BERT's WordPiece, …)."""
         from tokenizers import Tokenizer as Backend
 
         return cls(Backend.from_file(str(path)))

@@ -113,10 +113,12 @@ class TrainResult:
 
     @property
     def final_val_loss(self) -> float:
+        """The last evaluation's validation loss (NaN when nothing was evaluated)."""
         return self.evals[-1]["val_loss"] if self.evals else float("nan")
 
     @property
     def median_step_ms(self) -> float:
+        """Median wall time of one optimizer step in this ``fit`` (NaN before any step)."""
         if not self.step_ms:
             return float("nan")
         ordered = sorted(self.step_ms)
