@@ -31,14 +31,6 @@ from tests.train_helpers import make_trainer, train_config, weights
 FILES = ["model.safetensors", "trainer_state.safetensors", "trainer_state.json", MARKER]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     """A real checkpoint after 4 steps of a tiny run."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,18 +32,8 @@ def tiny_corpus(n_chars: int = 20_000, seed: int = 0) -> str:
     return "".join(parts)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: a 27K-parameter model gains nothing from more, and on a busy
-    2-core machine OpenMP oversubscription makes each step ~100x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
-def trained_run(_single_thread: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny training run shared by the tests in this module."""
     tmp = tmp_path_factory.mktemp("cli")
     data = tmp / "corpus.txt"

@@ -3,8 +3,6 @@ pooling, and clear errors. Eval mode (dropout off); fp32 at ``assert_close`` def
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -23,16 +21,6 @@ from handformer.models.encoder import (
 POSITIONALS = ["learned", "sinusoidal", "rope", "alibi"]
 PATHS = ["manual", "sdpa"]
 V = 23
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: these models are tiny, and on a shared 2-core machine
-    oversubscription makes each forward pass far slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def enc_config(**overrides: object) -> ModelConfig:

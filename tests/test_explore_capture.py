@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -12,14 +10,6 @@ from handformer.masks import causal_mask
 from handformer.models.decoder_lm import DecoderLM
 from handformer.nn.attention import MultiHeadAttention
 from tests.conftest import tiny_config
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _model(**overrides) -> DecoderLM:

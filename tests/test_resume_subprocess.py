@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,6 @@ from tests.train_helpers import toy_text
 
 pytestmark = pytest.mark.slow  # ~30 s: eight short processes
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """In-process resumes run like the subprocesses: one intra-op thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 ARGS = ["--preset", "tiny", "--max-steps", "20", "--dropout", "0.1", "--log-interval", "1",
         "--eval-interval", "10", "--checkpoint-interval", "5", "--keep-last", "2",

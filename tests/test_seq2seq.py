@@ -4,7 +4,6 @@ greedy decoding, the built-in tasks, and a short run that must solve ``reverse``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,6 @@ from handformer.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.tokenizers import CharTokenizer
 
 SRC_V, TGT_V = 19, 13
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models gain nothing from more, and on a shared 2-core
-    machine oversubscription makes each step far slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def s2s_config(**overrides: object) -> Seq2SeqConfig:

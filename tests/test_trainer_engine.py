@@ -4,7 +4,6 @@ exact in-process resume, bf16 autocast, evaluation, best checkpoint and early st
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +26,6 @@ from tests.train_helpers import (
     train_config,
     weights,
 )
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 class Recorder:
