@@ -16,6 +16,7 @@ from handformer.config import TrainConfig
 from handformer.data import Batch, collate_sequences
 from handformer.loss import lm_loss
 from handformer.train.checkpoint import list_checkpoints, load_weights, read_trainer_state
+from handformer.train.distributed import DistContext
 from handformer.train.optim import lr_at
 from handformer.train.precision import resolve_precision
 from handformer.train.trainer import NonFiniteError, Trainer
@@ -273,6 +274,43 @@ def test_best_checkpoint_is_kept_and_early_stopping_ends_the_run(tmp_path: Path)
     assert result.best_step == 4 and result.best_val_loss == 1.0
     assert [c.step for c in list_checkpoints(tmp_path / "ck")] == [4, 10]
     assert read_trainer_state(tmp_path / "ck" / "step-00000010").meta["finished"] is True
+
+
+# -- callbacks ---------------------------------------------------------------------------
+def test_on_step_end_comes_once_per_step_after_its_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    ends: list[tuple[int, list[int]]] = []
+
+    class StepEnd:
+        def on_step_end(self, step: int) -> None:
+            ends.append((step, [c.step for c in list_checkpoints(root)]))
+
+    cfg = train_config(max_steps=6, eval_interval=3, checkpoint_interval=3, keep_last=5)
+    make_trainer(cfg, ckpt_dir=root, callbacks=[StepEnd()]).fit()
+    assert [step for step, _ in ends] == [1, 2, 3, 4, 5, 6]
+    assert ends[2] == (3, [3]) and ends[5] == (6, [3, 6])  # the step's checkpoint included
+
+
+def test_only_every_rank_callbacks_run_on_other_ranks() -> None:
+    calls: list[str] = []
+
+    class Quiet:
+        def on_step_end(self, step: int) -> None:
+            calls.append("rank-0 only")
+
+    class Everywhere(Quiet):
+        every_rank = True
+
+        def on_step_end(self, step: int) -> None:
+            calls.append("every rank")
+
+    trainer = make_trainer(train_config(), callbacks=[Quiet(), Everywhere()])
+    trainer._emit("on_step_end", 1)
+    assert calls == ["rank-0 only", "every rank"]
+    calls.clear()
+    trainer.dist = DistContext(rank=1, world_size=2)  # as rank 1 sees it (no collective here)
+    trainer._emit("on_step_end", 1)
+    assert calls == ["every rank"]
 
 
 # -- model-agnostic -------------------------------------------------------------------------
