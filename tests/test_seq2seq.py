@@ -11,7 +11,6 @@ import torch
 
 from handformer.cli_encoders import main
 from handformer.config import ModelConfig
-from handformer.interop.torch_nn import to_torch_transformer
 from handformer.loss import IGNORE_INDEX
 from handformer.masks import causal_mask, to_torch_attn_mask, to_torch_key_padding_mask
 from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
@@ -23,6 +22,7 @@ from handformer.seq2seq_run import (
 )
 from handformer.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.tokenizers import CharTokenizer
+from tests.reference.torch_nn import to_torch_transformer
 
 SRC_V, TGT_V = 19, 13
 
