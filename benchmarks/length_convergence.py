@@ -46,7 +46,8 @@ from typing import Any
 
 import torch
 
-from handformer.jobs.classify import CLASSIFY_TRAIN, builtin_brackets_data, train_classifier
+from handformer.config import CLASSIFY_PRESET
+from handformer.jobs.classify import builtin_brackets_data, train_classifier
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -60,7 +61,7 @@ class Setting:
 
 
 def settings(lengths: list[int], contrast_lengths: list[int]) -> list[Setting]:
-    warmup = int(CLASSIFY_TRAIN["warmup_steps"])
+    warmup = int(CLASSIFY_PRESET.train["warmup_steps"])
     runs = [Setting(f"L={n} pre-norm + warm-up", n, "pre", warmup) for n in lengths]
     runs += [Setting(f"L={n} post-norm, no warm-up", n, "post", 0) for n in contrast_lengths]
     return runs
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "benchmark": "length_convergence",
         "task": "balanced brackets, lengths [L/2, L], chance 50 %",
-        "recipe": {k: CLASSIFY_TRAIN[k] for k in ("lr", "min_lr", "warmup_steps")},
+        "recipe": {k: CLASSIFY_PRESET.train[k] for k in ("lr", "min_lr", "warmup_steps")},
         "settings": vars(args) | {"out": str(args.out)},
         "runs": results,
         "machine": {"python": sys.version.split()[0], "torch": torch.__version__,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -15,11 +16,24 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
+# One intra-op thread by default: the test models are tiny, and on a busy 2-core machine
+# OpenMP threads that wait on each other make small ops many times slower. Set
+# HANDFORMER_TEST_THREADS to override. This is the suite's only thread setting: test files
+# do not set their own (subprocess tests pass OMP_NUM_THREADS to their children instead).
+THREADS = int(os.environ.get("HANDFORMER_TEST_THREADS", "1"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """One intra-op thread by default: the test models are tiny, and on a busy 2-core
-    machine OpenMP threads that wait on each other make small ops many times slower.
-    Set HANDFORMER_TEST_THREADS to override."""
-    torch.set_num_threads(int(os.environ.get("HANDFORMER_TEST_THREADS", "1")))
+    torch.set_num_threads(THREADS)  # before any fixture, module-scoped ones included
+
+
+@pytest.fixture(autouse=True)
+def _threads() -> Iterator[None]:
+    """Put the thread count back after a test whose code changed it (``--threads`` options,
+    scripts that set their own), so that it cannot leak into the next test."""
+    yield
+    if torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)
 
 
 def tiny_config(**overrides) -> ModelConfig:

@@ -298,6 +298,7 @@ if __name__ == "__main__":
         sys.exit("usage: python tests/test_tour.py --update docs/tour.md [docs/tour.zh.md]")
     import torch
 
+    sys.path.insert(0, str(ROOT))  # the tours import parity helpers from tests/reference/
     torch.set_num_threads(1)  # as in the test suite (tests/conftest.py)
     for name in sys.argv[2:]:
         t0 = time.perf_counter()

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from handformer.bench.time_to_loss import Recipe, race
+from handformer.bench.time_to_loss import main as time_to_loss_main
 from handformer.cli import main
 from handformer.jobs.lm import build_configs
 from handformer.models.decoder_lm import DecoderLM
@@ -24,11 +27,29 @@ def test_bench_quick_time_to_loss(tmp_path: Path) -> None:
         assert steps[0] == 0 and steps == sorted(steps)
         clock = [p["train_seconds"] for p in row["curve"]]
         assert clock == sorted(clock)
-        if row["reached"] is not None:
-            assert row["reached"]["val_loss"] <= data["target"]
-    if ref["reached"] and fast["reached"]:
-        assert data["ratio"] > 0
+        # The quick target is reached (with room to spare): the first evaluation at or below
+        # it is reported, and the recipe stops training there.
+        assert row["curve"][0]["val_loss"] > data["target"]
+        first = next(p for p in row["curve"] if p["val_loss"] <= data["target"])
+        assert row["reached"] == first and row["steps_run"] == first["step"] > 0
+        assert row["paired_seconds_to_target"] > 0
+    assert data["ratio"] == pytest.approx(fast["reached"]["train_seconds"]
+                                          / ref["reached"]["train_seconds"])
     assert (tmp_path / "bench.png").stat().st_size > 1000
+
+
+def test_a_target_out_of_reach_is_reported_as_not_reached(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    out = tmp_path / "time_to_loss.json"
+    assert time_to_loss_main(["--quick", "--target", "0.5", "--out", str(out)]) == 0
+    assert "did not reach 0.5: no ratio" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["ratio"] is None and data["paired_ratio"] is None
+    for row in data["rows"]:  # trained to the end of the budget, never reached
+        assert row["reached"] is None and row["paired_seconds_to_target"] is None
+        assert row["steps_run"] == row["train"]["max_steps"] == row["curve"][-1]["step"]
+        assert row["best_val_loss"] > 0.5
 
 
 def test_race_stops_each_recipe_at_the_target() -> None:

@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "length_convergence.py"
 
 
@@ -21,12 +19,9 @@ def test_length_convergence_writes_curves_for_every_run(tmp_path: Path) -> None:
         spec.loader.exec_module(module)
     finally:
         del sys.modules[spec.name]
-    threads = torch.get_num_threads()
-    try:
-        code = module.main(["--lengths", "16", "--contrast-lengths", "20", "--steps", "6",
-                            "--eval-interval", "3", "--n-val", "16", "--out", str(tmp_path)])
-    finally:
-        torch.set_num_threads(threads)  # the script sets its own thread count
+    # The script sets its own thread count; tests/conftest.py puts the suite's back after.
+    code = module.main(["--lengths", "16", "--contrast-lengths", "20", "--steps", "6",
+                        "--eval-interval", "3", "--n-val", "16", "--out", str(tmp_path)])
     assert code == 0
     report = json.loads((tmp_path / "length_convergence.json").read_text())
     labels = [(r["seq_len"], r["norm"], r["warmup_steps"]) for r in report["runs"]]

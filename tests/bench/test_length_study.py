@@ -5,21 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from handformer.bench.length_study import LengthStudySettings, run_length_study
 
 
 def test_length_study_writes_table_json_and_plot(tmp_path: Path) -> None:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        settings = LengthStudySettings(train_len=16, steps=40, batch_size=8, d_model=32,
-                                       n_layers=1, eval_tokens=2_000)
-        results = run_length_study(tmp_path, settings, positionals=("learned", "alibi"),
-                                   progress=False)
-    finally:
-        torch.set_num_threads(threads)
+    settings = LengthStudySettings(train_len=16, steps=40, batch_size=8, d_model=32,
+                                   n_layers=1, eval_tokens=2_000)
+    results = run_length_study(tmp_path, settings, positionals=("learned", "alibi"),
+                               progress=False)
     assert results["lengths"] == [16, 32, 64]
     learned, alibi = results["rows"]
     assert learned["val_loss"]["32"] is None and "max_len=16" in learned["cannot_run"]["32"]

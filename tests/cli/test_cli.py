@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, load_model
 
 from handformer.cli import main
 from handformer.config import ModelConfig, TrainConfig
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
+from handformer.train.checkpoint import list_checkpoints
 
 SUBJECTS = ["the cat", "a dog", "my bird", "the fox", "one cow"]
 VERBS = ["sees", "likes", "chases", "hears", "bites"]
@@ -33,18 +33,8 @@ def tiny_corpus(n_chars: int = 20_000, seed: int = 0) -> str:
     return "".join(parts)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: a 27K-parameter model gains nothing from more, and on a busy
-    2-core machine OpenMP oversubscription makes each step ~100x slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
-def trained_run(_single_thread: None, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny training run shared by the tests in this module."""
     tmp = tmp_path_factory.mktemp("cli")
     data = tmp / "corpus.txt"
@@ -93,12 +83,26 @@ def test_run_folder_rebuilds_without_pickle(trained_run: Path) -> None:
     assert model_cfg.vocab_size == tokenizer.vocab_size
     assert model_cfg.d_model == 32 and model_cfg.n_layers == 2  # the tiny preset
     tensors = load_file(trained_run / "model.safetensors")  # safetensors: no pickle involved
-    assert tensors and all(isinstance(t, torch.Tensor) for t in tensors.values())
     model = DecoderLM(model_cfg)
     state = model.state_dict()
-    assert set(tensors) <= set(state)
+    assert set(tensors) <= set(state), sorted(set(tensors) - set(state))
+    # Every tensor of the model is in the file: under its own name or, for a tied weight
+    # (the LM head shares the embedding's), under the name of the tensor it is tied to.
+    stored_as = {state[name].data_ptr(): name for name in tensors}
+    source = {name: name if name in tensors else stored_as.get(t.data_ptr())
+              for name, t in state.items()}
+    assert all(source.values()), [name for name, src in source.items() if src is None]
+    # What was saved is the trained model: the weights of the trainer's final checkpoint.
+    final = list_checkpoints(trained_run / "checkpoints")[-1]
+    assert final.step == 20
+    trained = load_file(final.path / "model.safetensors")
+    assert trained.keys() == tensors.keys()
     for name, tensor in tensors.items():
-        assert tensor.shape == state[name].shape, name
+        assert torch.equal(tensor, trained[name]), name
+    # Loading gives back exactly those tensors, every one of them.
+    load_model(model, trained_run / "model.safetensors", strict=True)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, tensors[source[name]]), name
 
 
 def test_generate_starts_with_prompt_and_is_seeded(trained_run: Path,

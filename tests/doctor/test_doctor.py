@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -23,15 +22,6 @@ from handformer.tokenizers import CharTokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs.\n" * 12
 LR = 3e-3  # tiny models: fast to overfit, first Adam step well under the 0.5 warning ratio
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models gain nothing from threads; on a shared 2-core box they lose a lot."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_tokenizer() -> CharTokenizer:

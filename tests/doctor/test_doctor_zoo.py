@@ -9,7 +9,7 @@ and its hint must name the fix.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,14 +25,6 @@ from handformer.models.decoder_lm import DecoderLM
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feedforward import FeedForward
 from tests.doctor.test_doctor import LR, nan_safe_lm_loss, tiny_model, tiny_tokenizer, tiny_windows
-
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # -- the breakers ---------------------------------------------------------------------------

@@ -126,14 +126,6 @@ def serve(run_dir: Path) -> Iterator[Client]:
         thread.join(timeout=10)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def lm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_lm_run(tmp_path_factory.mktemp("explore") / "lm", train_steps=20)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from handformer.explore.explorer import Explorer
 from handformer.explore.run import load_explore_run
@@ -44,8 +43,6 @@ from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 @pytest.fixture()
 def server(tmp_path: Path) -> Iterator[ExploreServer]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
     run_dir = make_lm_run(tmp_path / "run", train_steps=60, max_len=MAX_LEN)
     srv = ExploreServer(Explorer(load_explore_run(run_dir)), "127.0.0.1", 0)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -56,7 +53,6 @@ def server(tmp_path: Path) -> Iterator[ExploreServer]:
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)
-        torch.set_num_threads(previous)
 
 
 @pytest.fixture()

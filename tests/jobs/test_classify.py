@@ -8,7 +8,6 @@ import json
 import random
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,16 +40,6 @@ from handformer.jobs.classify import (
     train_classifier,
 )
 from handformer.tokenizers import CharTokenizer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models gain nothing from more, and on a shared 2-core
-    machine oversubscription makes each step far slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def write_csv(path: Path, rows: list[dict[str, str]], columns: list[str]) -> Path:

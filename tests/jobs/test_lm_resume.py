@@ -2,8 +2,9 @@
 the checkpoint writer, then `--resume` must continue exactly (same losses, bit-identical
 weights) and the previous checkpoint must always load.
 
-Each process runs one intra-op thread so the runs are deterministic and fast; the kill point
-comes from HANDFORMER_TEST_KILL_AT (see handformer.train.testhooks).
+Each process runs one intra-op thread so the runs are deterministic and fast; a killed
+process is started through tests/reference/crash_launcher.py, which installs the kill point
+(a trainer callback or the checkpoint writer's phase hook) and runs the normal CLI.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +26,17 @@ from handformer.cli import main
 from handformer.config import ModelConfig
 from handformer.models.decoder_lm import DecoderLM
 from handformer.train.checkpoint import (
+    PHASES,
     list_checkpoints,
     load_weights,
     read_checkpoint_json,
     read_trainer_state,
 )
-from handformer.train.testhooks import ENV_VAR
 from tests.train.helpers import toy_text
 
 pytestmark = pytest.mark.slow  # ~30 s: eight short processes
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """In-process resumes run like the subprocesses: one intra-op thread."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+CRASH_LAUNCHER = Path(__file__).parents[1] / "reference" / "crash_launcher.py"
 
 ARGS = ["--preset", "tiny", "--max-steps", "20", "--dropout", "0.1", "--log-interval", "1",
         "--eval-interval", "10", "--checkpoint-interval", "5", "--keep-last", "2",
@@ -51,11 +44,12 @@ ARGS = ["--preset", "tiny", "--max-steps", "20", "--dropout", "0.1", "--log-inte
 
 
 def run_train(args: list[str], kill_at: str | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    if kill_at is not None:
-        env[ENV_VAR] = kill_at
-    return subprocess.run([sys.executable, "-m", "handformer", "train", *args], env=env,
+    """``handformer train ARGS`` in a new process; ``kill_at="POINT@STEP"`` SIGKILLs it there
+    (see tests/reference/crash_launcher.py)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    launch = ["-m", "handformer"] if kill_at is None else \
+        [str(CRASH_LAUNCHER), "--kill-at", kill_at]
+    return subprocess.run([sys.executable, *launch, "train", *args], env=env,
                           capture_output=True, text=True, timeout=300)
 
 
@@ -116,17 +110,16 @@ def test_sigkill_at_step_then_resume_is_exact(corpus: Path, straight: Path, tmp_
     assert summary["resumed_from_step"] == 10 and summary["steps"] == 20
 
 
-@pytest.mark.parametrize("point", ["ckpt:begin", "ckpt:weights", "ckpt:state",
-                                   "ckpt:marker", "ckpt:renamed"])
+@pytest.mark.parametrize("phase", PHASES)  # every phase the checkpoint writer reports
 def test_sigkill_during_checkpoint_write_keeps_previous(
-        corpus: Path, straight: Path, tmp_path: Path, point: str,
+        corpus: Path, straight: Path, tmp_path: Path, phase: str,
         capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"
-    proc = run_train(["--data", str(corpus), "--out", str(out), *ARGS], kill_at=f"{point}@15")
+    proc = run_train(["--data", str(corpus), "--out", str(out), *ARGS], kill_at=f"{phase}@15")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     root = out / "checkpoints"
     steps = [c.step for c in list_checkpoints(root)]
-    committed = point == "ckpt:renamed"  # killed after the rename: step 15 is complete
+    committed = phase == "committed"  # killed after the rename: step 15 is complete
     assert steps == ([5, 10, 15] if committed else [5, 10])
     assert any(p.name.startswith(".tmp-") for p in root.iterdir()) == (not committed)
     for step in steps[1:]:  # the newest ones load completely, without the run's code state

@@ -4,7 +4,6 @@ greedy decoding, the built-in tasks, and a short run that must solve ``reverse``
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from handformer.cli import main
 from handformer.config import ModelConfig
 from handformer.data.seq2seq import collate_pairs
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
-from handformer.interop.torch_nn import to_torch_transformer
 from handformer.jobs.seq2seq import (
     load_seq2seq_run,
     train_seq2seq,
@@ -24,18 +22,9 @@ from handformer.loss import IGNORE_INDEX
 from handformer.masks import causal_mask, to_torch_attn_mask, to_torch_key_padding_mask
 from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
 from handformer.tokenizers import CharTokenizer
+from tests.reference.torch_nn import to_torch_transformer
 
 SRC_V, TGT_V = 19, 13
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: tiny models gain nothing from more, and on a shared 2-core
-    machine oversubscription makes each step far slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def s2s_config(**overrides: object) -> Seq2SeqConfig:

@@ -3,14 +3,11 @@ pooling, and clear errors. Eval mode (dropout off); fp32 at ``assert_close`` def
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from handformer.config import ModelConfig
-from handformer.interop.torch_nn import to_torch_transformer_encoder
 from handformer.loss import IGNORE_INDEX, classification_loss
 from handformer.masks import to_torch_key_padding_mask
 from handformer.models.encoder import (
@@ -19,20 +16,11 @@ from handformer.models.encoder import (
     EncoderClassifier,
     pool,
 )
+from tests.reference.torch_nn import to_torch_transformer_encoder
 
 POSITIONALS = ["learned", "sinusoidal", "rope", "alibi"]
 PATHS = ["manual", "sdpa"]
 V = 23
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _single_thread() -> Iterator[None]:
-    """One intra-op thread: these models are tiny, and on a shared 2-core machine
-    oversubscription makes each forward pass far slower."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def enc_config(**overrides: object) -> ModelConfig:

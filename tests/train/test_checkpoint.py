@@ -15,6 +15,7 @@ import torch
 
 from handformer.train.checkpoint import (
     MARKER,
+    PHASES,
     CheckpointError,
     CheckpointManager,
     list_checkpoints,
@@ -29,14 +30,6 @@ from handformer.train.state import TrainerState
 from tests.train.helpers import make_trainer, train_config, weights
 
 FILES = ["model.safetensors", "trainer_state.safetensors", "trainer_state.json", MARKER]
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture
@@ -236,3 +229,32 @@ def test_saving_a_step_again_replaces_it(tmp_path: Path) -> None:
     assert read_trainer_state(root / "step-00000005").meta["v"] == 2
     with pytest.raises(ValueError, match="step 4"):
         save_checkpoint(root, 5, trainer.model, TrainerState(meta={"step": 4}))
+
+
+def test_the_writer_reports_each_phase_in_order(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    seen: list[tuple[str, int, list[str]]] = []
+
+    def on_phase(phase: str, step: int) -> None:  # what exists on disk at each phase
+        seen.append((phase, step, sorted(p.name for p in root.iterdir())))
+
+    manager = CheckpointManager(root, on_phase=on_phase)
+    manager.save(3, make_trainer(train_config()).model, TrainerState(meta={"step": 3}))
+    assert [(phase, step) for phase, step, _ in seen] == [(p, 3) for p in PHASES]
+    assert all(len(names) == 1 and names[0].startswith(".tmp-step-00000003")
+               for _, _, names in seen[:-1])  # only a temporary folder until the commit
+    assert seen[-1][2] == ["step-00000003"]
+
+
+def test_a_hook_that_raises_before_the_commit_leaves_no_checkpoint(tmp_path: Path) -> None:
+    root = tmp_path / "ck"
+    model = make_trainer(train_config()).model
+    save_checkpoint(root, 2, model, TrainerState(meta={"step": 2}))
+
+    def fail(phase: str, step: int) -> None:
+        if phase == "marker_written":
+            raise OSError("disk gone")
+
+    with pytest.raises(OSError, match="disk gone"):
+        save_checkpoint(root, 4, model, TrainerState(meta={"step": 4}), on_phase=fail)
+    assert [p.name for p in root.iterdir()] == ["step-00000002"]  # the temporary one removed

@@ -45,11 +45,11 @@ ARGS = ["--preset", "tiny", "--max-steps", str(STEPS), "--eval-interval", "4",
         "--keep-last", "10", "--no-progress", "--no-plot"]
 
 
+CRASH_LAUNCHER = Path(__file__).parents[1] / "reference" / "crash_launcher.py"
+
+
 def _env() -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HANDFORMER_DIST_TIMEOUT_S": "120"}
-    env.pop("HANDFORMER_TEST_KILL_AT", None)
-    env.pop("HANDFORMER_TEST_RAISE_AT", None)
-    return env
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HANDFORMER_DIST_TIMEOUT_S": "120"}
 
 
 def _single(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -57,11 +57,15 @@ def _single(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
 
 
-def _torchrun(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+def _torchrun(args: list[str], cwd: Path, raise_at: str | None = None,
               ) -> subprocess.CompletedProcess[str]:
+    """``handformer train ARGS`` on 2 ranks; ``raise_at="RANK@STEP"`` makes that rank raise
+    there (see tests/reference/crash_launcher.py)."""
+    launch = ["-m", "handformer"] if raise_at is None else \
+        [str(CRASH_LAUNCHER), "--raise-at", raise_at]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "handformer", "train", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env or _env(), capture_output=True, text=True,
+           *launch, "train", *args]
+    return subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True,
                           timeout=LAUNCH_TIMEOUT_S)
 
 
@@ -172,9 +176,8 @@ def test_a_single_process_checkpoint_resumes_under_torchrun(runs: dict[str, Path
 @pytest.mark.slow
 def test_a_rank_that_raises_ends_the_job_nonzero_without_a_hang(runs: dict[str, Path]) -> None:
     root = runs["root"]
-    env = {**_env(), "HANDFORMER_TEST_RAISE_AT": "1@5"}  # after the checkpoint at step 4
-    start = time.monotonic()
-    proc = _torchrun(["--data", "text.txt", *ARGS, "--out", "crashed"], root, env=env)
+    start = time.monotonic()  # rank 1 raises after step 5, i.e. after the checkpoint at step 4
+    proc = _torchrun(["--data", "text.txt", *ARGS, "--out", "crashed"], root, raise_at="1@5")
     elapsed = time.monotonic() - start
     assert proc.returncode != 0
     # Rank 0 was waiting in the next step's all-reduce; torchrun stopped it (no timeout).

@@ -51,10 +51,12 @@ __all__ = ["Recipe", "evaluate", "main", "race"]
 
 REFERENCE, FAST = "shakespeare-char", "shakespeare-fast"
 # The quick (CI) mode shrinks both recipes to a few seconds; it checks that the code runs,
-# nothing about the result.
+# nothing about the result. Its target is one both recipes pass with room to spare at the
+# first evaluation (the reference reaches ~4.30 at step 10 on the built-in text, from ~4.60),
+# so the run always exercises the reached/ratio path.
 QUICK_MODEL = dict(d_model=32, n_heads=4, n_layers=1)
 QUICK_TRAIN = dict(max_steps=30, batch_size=4, warmup_steps=5)
-QUICK_TARGET = 4.3
+QUICK_TARGET = 4.4
 
 
 @dataclass

@@ -15,6 +15,10 @@ then the folder is renamed to ``step-…`` and the parent fsynced. A ``step-…`
 exists only once it is complete, and a crash at any point leaves the previous ones untouched.
 Loading uses safetensors and JSON only (no pickle), checks every file against the marker
 first, and turns any problem into a ``CheckpointError`` naming the file.
+
+The writer reports its progress to an optional ``on_phase(phase, step)`` callable, once per
+phase in ``PHASES`` order (see ``save_checkpoint``): to log or time the phases, or to stop a
+process at a chosen moment of the write and check what survives.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,12 +39,11 @@ from torch import nn
 
 from handformer.atomic import atomic_write_text, fsync_dir
 from handformer.train.state import TrainerState
-from handformer.train.testhooks import crash_point
 
 __all__ = [
-    "MARKER", "CheckpointError", "CheckpointInfo", "CheckpointManager", "list_checkpoints",
-    "load_weights", "read_checkpoint_json", "read_trainer_state", "remove_stale",
-    "save_checkpoint", "verify_checkpoint",
+    "MARKER", "PHASES", "CheckpointError", "CheckpointInfo", "CheckpointManager", "PhaseHook",
+    "list_checkpoints", "load_weights", "read_checkpoint_json", "read_trainer_state",
+    "remove_stale", "save_checkpoint", "verify_checkpoint",
 ]
 
 WEIGHTS = "model.safetensors"
@@ -52,6 +55,16 @@ FORMAT, VERSION = "handformer-checkpoint", 1
 TMP_PREFIX = ".tmp-"
 _RESERVED = {WEIGHTS, STATE_TENSORS, STATE_META, MARKER}
 _NAME = re.compile(r"^step-(\d{8,})$")
+
+# The moments ``save_checkpoint`` reports to its ``on_phase`` hook, in order. Until
+# "committed" the new checkpoint exists only as a ``.tmp-`` folder:
+#   "started"          the temporary folder exists, nothing is written yet
+#   "weights_written"  model.safetensors is written
+#   "files_written"    every file but the commit marker is written (not yet fsynced)
+#   "marker_written"   every file and the marker are fsynced; the rename comes next
+#   "committed"        renamed to step-NNNNNNNN and the parent fsynced (before any pruning)
+PHASES = ("started", "weights_written", "files_written", "marker_written", "committed")
+PhaseHook = Callable[[str, int], None]  # on_phase(phase, step)
 
 
 class CheckpointError(ValueError):
@@ -89,8 +102,18 @@ def _discard(path: Path) -> None:
 
 
 def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: TrainerState,
-                    files: Mapping[str, str] | None = None) -> Path:
-    """Write ``root/step-NNNNNNNN/`` atomically and return its path."""
+                    files: Mapping[str, str] | None = None, *,
+                    on_phase: PhaseHook | None = None) -> Path:
+    """Write ``root/step-NNNNNNNN/`` atomically and return its path.
+
+    ``on_phase(phase, step)``, if given, is called at each of ``PHASES`` in order. An
+    exception it raises before "committed" removes the temporary folder and propagates (the
+    checkpoint is not written); one raised at "committed" propagates, the checkpoint stays.
+    """
+    def phase(name: str) -> None:
+        if on_phase is not None:
+            on_phase(name, step)
+
     root = Path(root)
     if state.meta.get("step", step) != step:
         raise ValueError(f"trainer state is at step {state.meta['step']}; asked to save it as "
@@ -100,15 +123,15 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
     tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        crash_point("ckpt:begin", step)
+        phase("started")
         save_model(model, str(tmp / WEIGHTS))  # tied weights are stored once
-        crash_point("ckpt:weights", step)
+        phase("weights_written")
         save_file(state.tensors, str(tmp / STATE_TENSORS))
         meta = {**state.meta, "format": FORMAT, "version": VERSION, "step": step}
         (tmp / STATE_META).write_text(json.dumps(meta, allow_nan=False), encoding="utf-8")
         for fname, text in (files or {}).items():
             (tmp / fname).write_text(text, encoding="utf-8")
-        crash_point("ckpt:state", step)
+        phase("files_written")
         entries = {p.name: _digest_and_sync(p) for p in sorted(tmp.iterdir())}
         marker = {"format": FORMAT, "version": VERSION, "step": step, "files": entries}
         with open(tmp / MARKER, "w", encoding="utf-8") as fh:
@@ -116,7 +139,7 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
             fh.flush()
             os.fsync(fh.fileno())
         fsync_dir(tmp)
-        crash_point("ckpt:marker", step)
+        phase("marker_written")
         final = root / name
         if final.exists():  # re-saving a step (e.g. after resuming from an older checkpoint)
             _discard(final)
@@ -125,7 +148,7 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    crash_point("ckpt:renamed", step)
+    phase("committed")
     return final
 
 
@@ -276,10 +299,12 @@ def load_weights(model: nn.Module, path: str | Path, *, verify: bool = True) -> 
 # -- the trainer's handle -----------------------------------------------------------------
 class CheckpointManager:
     """Saves into one folder, keeps the newest ``keep_last`` plus the best, and records the
-    best in ``best.json``. ``files`` are extra text files copied into every checkpoint."""
+    best in ``best.json``. ``files`` are extra text files copied into every checkpoint;
+    ``on_phase`` (also settable as an attribute) is passed to every ``save_checkpoint``."""
 
     def __init__(self, root: str | Path, *, keep_last: int = 3,
-                 files: Mapping[str, str] | None = None) -> None:
+                 files: Mapping[str, str] | None = None,
+                 on_phase: PhaseHook | None = None) -> None:
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1; got {keep_last}")
         clash = sorted(_RESERVED & set(files or {}))
@@ -288,6 +313,7 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep_last = keep_last
         self.files = dict(files or {})
+        self.on_phase = on_phase
 
     def latest(self) -> CheckpointInfo | None:
         found = list_checkpoints(self.root)
@@ -298,7 +324,8 @@ class CheckpointManager:
 
     def save(self, step: int, model: nn.Module, state: TrainerState, *,
              best_step: int | None = None, best_val_loss: float | None = None) -> Path:
-        path = save_checkpoint(self.root, step, model, state, self.files)
+        path = save_checkpoint(self.root, step, model, state, self.files,
+                               on_phase=self.on_phase)
         if best_step == step:
             atomic_write_text(self.root / BEST, json.dumps(
                 {"step": step, "checkpoint": path.name, "val_loss": best_val_loss}, indent=1))

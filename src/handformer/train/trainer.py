@@ -55,7 +55,6 @@ from handformer.train.state import (
     flatten_optimizer,
     restore_optimizer,
 )
-from handformer.train.testhooks import crash_point, raise_point
 
 __all__ = ["Callback", "NonFiniteError", "TrainResult", "Trainer", "pick_device"]
 
@@ -82,10 +81,18 @@ def default_forward(model: nn.Module, batch: Batch) -> Tensor:
 
 
 class Callback(Protocol):
-    """Hooks the trainer calls; implement any subset (missing ones are skipped)."""
+    """Hooks the trainer calls; implement any subset (missing ones are skipped).
+
+    ``on_log`` after a logged (or skipped) step, ``on_eval`` after an evaluation,
+    ``on_step_end`` once every step is complete (its evaluation and checkpoint included),
+    ``on_end`` when ``fit`` returns. Under torchrun they run on rank 0 only, unless the
+    callback has a true ``every_rank`` attribute: then every rank calls it (it must not write
+    files that rank 0 writes).
+    """
 
     def on_log(self, step: int, metrics: dict[str, Any]) -> None: ...
     def on_eval(self, step: int, metrics: dict[str, Any]) -> None: ...
+    def on_step_end(self, step: int) -> None: ...
     def on_end(self, result: TrainResult) -> None: ...
 
 
@@ -143,10 +150,10 @@ class Trainer:
     rate from the step (``lr_at``), accumulates ``cfg.grad_accum_steps`` micro-batches under
     the configured precision, clips to ``cfg.grad_clip`` (the pre-clip norm is logged) and
     skips non-finite steps, raising ``NonFiniteError`` after ``cfg.max_nonfinite_steps`` of
-    them. Callbacks receive ``on_log`` / ``on_eval`` / ``on_end``; with ``checkpoints`` (a
-    ``CheckpointManager``) ``fit`` writes resumable checkpoints and ``resume(path)`` continues
-    one exactly (``CheckpointError`` if it is damaged or foreign).
-    """
+    them. Callbacks receive ``on_log`` / ``on_eval`` / ``on_step_end`` / ``on_end`` (see
+    ``Callback``); with ``checkpoints`` (a ``CheckpointManager``) ``fit`` writes resumable
+    checkpoints and ``resume(path)`` continues one exactly (``CheckpointError`` if it is
+    damaged or foreign)."""
 
     def __init__(
         self,
@@ -202,9 +209,9 @@ class Trainer:
         self.finished = False
 
     def _emit(self, hook: str, *args: Any) -> None:
-        if not self.dist.is_main:
-            return
         for cb in self.callbacks:
+            if not (self.dist.is_main or getattr(cb, "every_rank", False)):
+                continue
             fn = getattr(cb, hook, None)
             if fn is not None:
                 fn(*args)
@@ -519,8 +526,7 @@ class Trainer:
                 due = (step % ckpt_every == 0 and out.status != "skipped") or improved
                 if self.checkpoints is not None and (due or self.finished or step == end):
                     self._save(result, elapsed_base, start)
-                crash_point("step", step)
-                raise_point(self.dist.rank, step)
+                self._emit("on_step_end", step)
         finally:
             bar.close()
             self.elapsed_seconds = elapsed_base + time.perf_counter() - start

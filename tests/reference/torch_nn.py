@@ -1,4 +1,5 @@
-"""Copy handformer weights into torch's own modules, to prove the two compute the same thing.
+"""Copy handformer weights into torch's own modules, to prove the two compute the same thing
+(a parity helper of the test suite and the tour; nothing in ``src/`` uses it).
 
 Blocks go to ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``; whole stacks to
 ``nn.TransformerEncoder`` (an ``Encoder``) and ``nn.Transformer`` (an ``EncoderDecoder``).
