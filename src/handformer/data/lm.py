@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from handformer.data.corpora import CorpusError
+from handformer.data.padding import pad_sequences
 from handformer.loss import IGNORE_INDEX
 
 __all__ = ["Batch", "LMWindows", "collate_sequences", "train_val_split"]
@@ -124,16 +125,6 @@ def collate_sequences(
     if short:
         raise ValueError(f"sequences {short[:5]} have fewer than 2 tokens; an LM example needs "
                          "an input and a next token")
-    t = max(len(s) for s in sequences) - 1
-    b = len(sequences)
-    ids = torch.full((b, t), pad_id, dtype=torch.long)
-    targets = torch.full((b, t), IGNORE_INDEX, dtype=torch.long)
-    mask = torch.zeros((b, t), dtype=torch.bool)
-    for row, seq in enumerate(sequences):
-        seq_t = torch.as_tensor(list(seq), dtype=torch.long)
-        n = len(seq_t) - 1
-        cols = slice(0, n) if side == "right" else slice(t - n, t)
-        ids[row, cols] = seq_t[:-1]
-        targets[row, cols] = seq_t[1:]
-        mask[row, cols] = True
+    ids, mask = pad_sequences([s[:-1] for s in sequences], pad_id, side=side)  # (B, T)
+    targets, _ = pad_sequences([s[1:] for s in sequences], IGNORE_INDEX, side=side)  # (B, T)
     return Batch(ids=ids, targets=targets, padding_mask=mask)
