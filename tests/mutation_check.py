@@ -82,10 +82,10 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "padding_in_loss", "loss.py",
-        "        ignore_index=IGNORE_INDEX,\n        reduction=\"sum\",",
-        "        reduction=\"sum\",",
+        "    count = (flat_targets != IGNORE_INDEX).sum().clamp(min=1)",
+        "    count = flat_targets.numel()",
         ("tests/models/test_decoder_lm.py", "tests/doctor/test_doctor_zoo.py"),
-        "padding targets count in the LM loss",
+        "padding positions count in the LM loss's average",
     ),
     Mutant(
         "unk_dropped", "tokenizers.py",
