@@ -99,9 +99,9 @@ def test_tiny_model_overfits_one_batch(path: str) -> None:
 
 def test_tied_weights_share_storage_and_untied_do_not() -> None:
     tied = DecoderLM(tiny_config(tie_weights=True))
-    assert tied.lm_head.weight is tied.token_embedding.weight
+    assert tied.lm_head.weight is tied.embed.token.weight
     untied = DecoderLM(tiny_config(tie_weights=False))
-    assert untied.lm_head.weight is not untied.token_embedding.weight
+    assert untied.lm_head.weight is not untied.embed.token.weight
     assert untied.num_parameters() == tied.num_parameters() + 37 * 32
 
 
@@ -113,8 +113,14 @@ def test_bad_inputs_raise_clear_errors() -> None:
         model(torch.zeros(20, dtype=torch.long))
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
         model(torch.full((1, 4), 37))
-    with pytest.raises(ValueError, match="padding_mask shape"):
+    with pytest.raises(ValueError, match=r"padding_mask must be bool \(B, T\) = \(1, 4\)"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="padding_mask must be bool"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"no tokens \(T = 0\)"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
+        model(torch.tensor([[-1, 3]]), cache=model.make_cache(1))  # the cached call checks too
     sinusoidal = DecoderLM(tiny_config(positional="sinusoidal")).eval()
     assert sinusoidal(torch.zeros(1, 20, dtype=torch.long)).shape == (1, 20, 37)
 
@@ -125,3 +131,26 @@ def test_all_padding_batch_gives_zero_loss_not_nan() -> None:
     loss = lm_loss(logits, targets)
     loss.backward()
     assert float(loss.detach()) == 0.0 and torch.all(logits.grad == 0)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_checkpoints_with_the_old_embedding_names_still_load(tie: bool, tmp_path) -> None:
+    """Before models/embedding.py the parameters were ``token_embedding.weight`` and
+    ``positions.table.weight``: such state dicts and safetensors files still load."""
+    from safetensors.torch import load_model, save_file
+
+    model = DecoderLM(tiny_config(positional="learned", tie_weights=tie))
+    legacy = {("token_embedding.weight" if k == "embed.token.weight" else
+               "positions.table.weight" if k == "embed.positions.table.weight" else k): v
+              for k, v in model.state_dict().items()}
+    fresh = DecoderLM(tiny_config(positional="learned", tie_weights=tie))
+    fresh.load_state_dict(legacy, strict=True)
+    ids = torch.randint(0, 37, (2, 8))
+    torch.testing.assert_close(fresh(ids), model(ids))
+    if tie:  # save_model stored the tied pair once, under its first name: lm_head.weight
+        del legacy["token_embedding.weight"]
+    save_file({k: v.contiguous() for k, v in legacy.items()}, tmp_path / "model.safetensors")
+    again = DecoderLM(tiny_config(positional="learned", tie_weights=tie))
+    load_model(again, tmp_path / "model.safetensors")
+    torch.testing.assert_close(again(ids), model(ids))
+    assert (again.lm_head.weight is again.embed.token.weight) == tie

@@ -111,7 +111,7 @@ def swap_class(model: nn.Module, base: type[nn.Module], broken: type[nn.Module])
 
 
 def drop_positions(model: DecoderLM) -> DecoderLM:
-    model.positions = PositionsNotAdded(model.positions)
+    model.embed.positions = PositionsNotAdded(model.embed.positions)
     return model
 
 

@@ -35,16 +35,18 @@ class KVCache:
 
     def update(self, k_new: Tensor, v_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """Write (B, Hkv, T, D) at columns [start, start+T); return views of [0, start+T)."""
+        k, v = self.k, self.v  # (B, Hkv, L, D) each
         end = start + k_new.shape[2]
-        if end > self.capacity:
-            raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into a "
-                             f"cache of capacity {self.capacity}; reset it or make it larger")
-        if k_new.shape[:2] != self.k.shape[:2] or k_new.shape[-1] != self.k.shape[-1]:
+        if end > k.shape[2] or k_new.shape[:2] != k.shape[:2]:
+            if end > k.shape[2]:
+                raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into "
+                                 f"a cache of capacity {k.shape[2]}; reset it or make it "
+                                 "larger")
             raise ValueError(f"new keys {tuple(k_new.shape)} do not fit cache buffers "
-                             f"{tuple(self.k.shape)} (B, Hkv, L, D)")
-        self.k[:, :, start:end] = k_new
-        self.v[:, :, start:end] = v_new
-        return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, S, D) each
+                             f"{tuple(k.shape)} (B, Hkv, L, D)")
+        k[:, :, start:end] = k_new  # a wrong head dim D fails here, in torch's own check
+        v[:, :, start:end] = v_new
+        return k[:, :, :end], v[:, :, :end]  # (B, Hkv, S, D) each
 
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() * 2
@@ -82,7 +84,8 @@ class DecoderCache:
         """Register T new columns; returns their positions (B, T) and the write offset.
 
         ``new_mask`` (B, T) bool marks real tokens among them; ``None`` means all T are real
-        (then pass ``t``), which needs no look at the data — the common decoding step.
+        (then pass ``t``), which needs no look at the data — and for ``t == 1``, the common
+        decoding step, no arithmetic beyond one increment either.
         """
         if new_mask is None:
             if t is None:
@@ -97,6 +100,12 @@ class DecoderCache:
             raise ValueError(f"KV cache overflow: {start} cached + {t} new tokens > capacity "
                              f"{self.capacity}; reset the cache or set it up with a larger "
                              "max_len")
+        if new_mask is None and t == 1:  # one real token per row: a decoding step
+            positions = self.next_position[:, None].clone()  # (B, 1)
+            self.key_mask[:, start] = True
+            self.key_positions[:, start] = self.next_position
+            self.next_position += 1
+            return positions, start
         if new_mask is None:
             counts = torch.arange(1, t + 1, device=self.key_mask.device).expand(b, t)  # (B, T)
             self.key_mask[:, start : start + t] = True
@@ -107,20 +116,6 @@ class DecoderCache:
         positions = (self.next_position[:, None] + counts - 1).clamp(min=0)  # (B, T)
         self.key_positions[:, start : start + t] = positions
         self.next_position += counts[:, -1]
-        return positions, start
-
-    def append_step(self) -> tuple[Tensor, int]:
-        """Register one new real token per row — a decoding step; returns its positions
-        (B, 1) and the write offset. The same as ``append_tokens(None, 1)`` in fewer ops."""
-        start = self.length
-        if start >= self.capacity:
-            raise ValueError(f"KV cache overflow: {start} cached + 1 new token > capacity "
-                             f"{self.capacity}; reset the cache or set it up with a larger "
-                             "max_len")
-        positions = self.next_position[:, None].clone()  # (B, 1)
-        self.key_mask[:, start] = True
-        self.key_positions[:, start] = self.next_position
-        self.next_position += 1
         return positions, start
 
     def commit(self, t: int) -> None:
