@@ -315,22 +315,18 @@ class MultiHeadAttention(nn.Module):
         if positional == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
 
-    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
-
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         """Queries from ``x``, keys and values from ``context`` (default: ``x``), split into
-        heads: q (B, H, T, D), k and v (B, Hkv, S_new, D)."""
-        c, kv = self.d_model, self.kv_dim
-        h, hkv = self.n_heads, self.n_kv_heads
+        heads: q (B, H, T, D) and kv (B, 2·Hkv, S_new, D), the Hkv key heads first, then the
+        Hkv value heads — the layout ``KVCache`` stores."""
+        c, h, hkv, d = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         if context is None:
             b, t, _ = x.shape
             # One matmul, then one view: the fused projection's columns are H query heads,
             # then Hkv key heads, then Hkv value heads, each D wide.
-            qkv = self.in_proj(x).view(b, t, h + 2 * hkv, self.head_dim)  # (B, T, H+2·Hkv, D)
-            q, k, v = qkv.transpose(1, 2).split_with_sizes([h, hkv, hkv], dim=1)  # (B, H|Hkv, T, D)
-            return q, k, v
+            qkv = self.in_proj(x).view(b, t, h + 2 * hkv, d)  # (B, T, H + 2·Hkv, D)
+            q, kv = qkv.transpose(1, 2).split_with_sizes([h, 2 * hkv], dim=1)
+            return q, kv  # (B, H, T, D), (B, 2·Hkv, T, D)
         b = x.shape[0]
         if context.dim() != 3 or context.shape[0] != b or context.shape[-1] != c:
             raise ValueError(
@@ -339,9 +335,10 @@ class MultiHeadAttention(nn.Module):
             )
         w, bias = self.in_proj.weight, self.in_proj.bias
         q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (B, T, C)
-        k, v = F.linear(context, w[c:], None if bias is None else bias[c:]).split(kv, dim=-1)
-        # (B, H, T, D), 2 × (B, Hkv, S, D)
-        return self._split_heads(q, h), self._split_heads(k, hkv), self._split_heads(v, hkv)
+        kv = F.linear(context, w[c:], None if bias is None else bias[c:])  # (B, S, 2·Hkv·D)
+        s = context.shape[1]
+        q = q.view(b, x.shape[1], h, d).transpose(1, 2)  # (B, H, T, D)
+        return q, kv.view(b, s, 2 * hkv, d).transpose(1, 2)  # (B, 2·Hkv, S, D)
 
     def forward(
         self,
@@ -371,7 +368,8 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         b, t, c = x.shape
-        q, k, v = self._project(x, context)  # (B, H, T, D), 2 × (B, Hkv, S_new, D)
+        hkv = self.n_kv_heads
+        q, kv = self._project(x, context)  # (B, H, T, D), (B, 2·Hkv, S_new, D) keys first
 
         bias = None
         if self.positional != "none":
@@ -379,8 +377,9 @@ class MultiHeadAttention(nn.Module):
                 positions = torch.arange(t, device=x.device)  # (T,)
             if self.rotary is not None:
                 q = self.rotary(q, positions)
-                if context is None:
-                    k = self.rotary(k, positions)  # rotated once, then cached rotated
+                if context is None:  # keys are rotated once, then cached rotated
+                    k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, T, D) each
+                    kv = torch.cat([self.rotary(k, positions), v], dim=1)  # (B, 2·Hkv, T, D)
             else:  # ALiBi
                 q_pos = positions if positions.dim() == 2 else positions[None]  # (B|1, T)
                 if key_positions is None:
@@ -388,7 +387,9 @@ class MultiHeadAttention(nn.Module):
                 k_pos = key_positions if key_positions.dim() == 2 else key_positions[None]
                 bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)  # (B|1,H,T,S)
         if cache is not None:
-            k, v = cache.update(k, v, cache_start)  # (B, Hkv, S, D) each
+            k, v = cache.update(kv, cache_start)  # (B, Hkv, S, D) each
+        else:
+            k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, S, D) each
 
         if mask is not None:
             _check_mask(mask, (b, self.n_heads, t, k.shape[-2]))
