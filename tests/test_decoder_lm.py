@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from handformer.data import collate_sequences
 from handformer.loss import IGNORE_INDEX, lm_loss
@@ -95,6 +96,72 @@ def test_tiny_model_overfits_one_batch(path: str) -> None:
         opt.step()
     final = float(loss.detach())
     assert first > 3.0 and final < 0.1, (first, final)
+
+
+def _reference_forward(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
+    """GPT-style logits from scratch, with torch.nn.functional ops on the model's parameters
+    (learned positions, causal attention through F.scaled_dot_product_attention, GELU FFN,
+    pre- or post-norm, the final LayerNorm of a pre-norm stack, the tied head)."""
+    c = model.config
+    p = dict(model.named_parameters())  # the tied head appears once, as embed.token.weight
+    b, t = ids.shape
+    h, d = c.n_heads, c.d_model // c.n_heads
+
+    def norm(x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.layer_norm(x, (c.d_model,), p[f"{name}.weight"], p[f"{name}.bias"],
+                            c.layer_norm_eps)
+
+    def heads(z: torch.Tensor) -> torch.Tensor:
+        return z.reshape(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+
+    x = F.embedding(ids, p["embed.token.weight"]) + p["embed.positions.table.weight"][:t]
+    for i in range(c.n_layers):
+        blk = f"blocks.{i}"
+
+        def attn(z: torch.Tensor, blk: str = blk) -> torch.Tensor:
+            qkv = F.linear(z, p[f"{blk}.self_attn.in_proj.weight"],
+                           p[f"{blk}.self_attn.in_proj.bias"])  # (B, T, 3C)
+            q, k, v = (heads(part) for part in qkv.split(c.d_model, dim=-1))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+            return F.linear(out.transpose(1, 2).reshape(b, t, c.d_model),
+                            p[f"{blk}.self_attn.out_proj.weight"],
+                            p[f"{blk}.self_attn.out_proj.bias"])
+
+        def ffn(z: torch.Tensor, blk: str = blk) -> torch.Tensor:
+            hidden = F.gelu(F.linear(z, p[f"{blk}.ffn.fc_in.weight"], p[f"{blk}.ffn.fc_in.bias"]))
+            return F.linear(hidden, p[f"{blk}.ffn.fc_out.weight"], p[f"{blk}.ffn.fc_out.bias"])
+
+        if c.norm == "pre":
+            x = x + attn(norm(x, f"{blk}.norm1"))
+            x = x + ffn(norm(x, f"{blk}.norm2"))
+        else:
+            x = norm(x + attn(x), f"{blk}.norm1")
+            x = norm(x + ffn(x), f"{blk}.norm2")
+    if c.norm == "pre":
+        x = norm(x, "final_norm")
+    return F.linear(x, p["embed.token.weight"])  # (B, T, V)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("path", PATHS)
+def test_logits_match_a_from_scratch_functional_forward(norm: str, path: str) -> None:
+    """The whole model against ``_reference_forward``, in one pass and as a KV-cached
+    prefill plus one-token steps. Every LayerNorm gets random weights first, so a norm
+    skipped (the final one of a pre-norm stack, say) or applied twice cannot go unseen."""
+    model = DecoderLM(tiny_config(positional="learned", norm=norm, attention=path)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(torch.randn_like(param) * 0.5 + (1.0 if name.endswith("weight")
+                                                            else 0.0))
+    ids = torch.randint(0, 37, (2, 12))
+    with torch.no_grad():
+        expected = _reference_forward(model, ids)
+        torch.testing.assert_close(model(ids), expected, rtol=1e-4, atol=1e-5)
+        cache = model.make_cache(2)
+        pieces = [model(ids[:, :5], cache=cache)]
+        pieces += [model(ids[:, i : i + 1], cache=cache, validate=False) for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_tied_weights_share_storage_and_untied_do_not() -> None:
