@@ -66,9 +66,9 @@ class InvertedPolarity(MultiHeadAttention):
 class Unscaled(MultiHeadAttention):
     """Scores q·kᵀ without the 1/√D: q is pre-multiplied by √D, cancelling the kernel's scale."""
 
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = super()._project(x, context)
-        return q * math.sqrt(self.head_dim), k, v
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        q, kv = super()._project(x, context)
+        return q * math.sqrt(self.head_dim), kv
 
 
 class FusedPathOnlyUnscaled(MultiHeadAttention):
@@ -80,9 +80,9 @@ class FusedPathOnlyUnscaled(MultiHeadAttention):
         self.fast_path = self.attention == "sdpa" and not need_weights
         return super().forward(x, context, need_weights=need_weights, **kw)
 
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = super()._project(x, context)
-        return (q * math.sqrt(self.head_dim) if self.fast_path else q), k, v
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        q, kv = super()._project(x, context)
+        return (q * math.sqrt(self.head_dim) if self.fast_path else q), kv
 
 
 class DetachedFFN(FeedForward):

@@ -3,8 +3,11 @@
 * Sampling: greedy (``temperature == 0``), temperature, top-k, top-p (nucleus) and a
   repetition penalty, reproducible with ``seed``.
 * The KV cache (``use_cache=True``) keeps every layer's keys and values, so a step costs one
-  token's worth of compute instead of the whole context's. Cached and uncached generation
-  follow the same context window and give the same tokens.
+  token's worth of compute instead of the whole context's. A step is the model's own
+  ``forward(new_ids, cache=cache)`` — there is no separate decoding copy of the layers — with
+  the per-call input checks off (``validate=False``) for the tokens sampled here; the prompt
+  is checked once, on the first call. Cached and uncached generation follow the same context
+  window and give the same tokens.
 * The window: a model is run on at most ``max_len`` tokens. When the context outgrows it,
   the window slides forward by half its length and the cache is refilled from the kept
   tokens — one refill every ``max_len / 2`` steps instead of one per step.
