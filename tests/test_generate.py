@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -25,7 +27,7 @@ def _model(positional: str, path: str, n_kv_heads: int = 4, **kw) -> DecoderLM:
     model = DecoderLM(tiny_config(positional=positional, attention=path, n_kv_heads=n_kv_heads,
                                   **kw))
     with torch.no_grad():  # sharper logits than at init, so greedy paths are not all ties
-        model.token_embedding.weight.mul_(20)
+        model.embed.token.weight.mul_(20)
     return model.eval()
 
 
@@ -35,49 +37,70 @@ def _model(positional: str, path: str, n_kv_heads: int = 4, **kw) -> DecoderLM:
 @pytest.mark.parametrize("norm", ["pre", "post"])
 def test_cached_logits_equal_full_recompute(positional: str, path: str, n_kv_heads: int,
                                             norm: str) -> None:
+    """A prefill, then one token per step through ``forward(..., cache=)`` — what
+    ``generate`` runs, per-call checks off as there — against one uncached pass."""
     model = _model(positional, path, n_kv_heads, norm=norm)
     ids = torch.randint(0, 37, (2, 16))
     full = model(ids)  # (B, T, V)
     cache = model.make_cache(2)
     pieces = [model(ids[:, :5], cache=cache)]  # prefill
-    pieces += [model(ids[:, t : t + 1], cache=cache) for t in range(5, 16)]  # one by one
+    pieces += [model(ids[:, t : t + 1], cache=cache, validate=False)  # one by one
+               for t in range(5, 16)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-4, atol=1e-5)
-    # decode_step, generate's per-token path, gives the same logits as forward
-    lean = model.make_cache(2)
-    steps = [model(ids[:, :5], cache=lean)]
-    steps += [model.decode_step(ids[:, t : t + 1], lean)[:, None] for t in range(5, 16)]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-5)
-    assert lean.length == cache.length == 16
-    assert torch.equal(lean.key_positions, cache.key_positions)
-    assert torch.equal(lean.next_position, cache.next_position)
+    assert cache.length == 16
+    assert cache.key_positions[:, :16].tolist() == [list(range(16))] * 2
 
 
 @pytest.mark.parametrize("positional", POSITIONALS)
 @pytest.mark.parametrize("path", PATHS)
-def test_decode_step_after_left_padded_prefill_equals_forward(positional: str,
-                                                               path: str) -> None:
+def test_steps_after_left_padded_prefill_equal_one_uncached_pass(positional: str,
+                                                                  path: str) -> None:
     model = _model(positional, path, 2, max_len=32)
-    ids, mask = left_pad([[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]])
+    ids, mask = left_pad([[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]])  # (3, 6)
     nxt = torch.randint(0, 37, (3, 8))
-    cache, lean = model.make_cache(3), model.make_cache(3)
-    model(ids, mask, cache=cache)
-    model(ids, mask, cache=lean)
+    full = model(torch.cat([ids, nxt], dim=1),
+                 torch.cat([mask, torch.ones(3, 8, dtype=torch.bool)], dim=1))  # (3, 14, V)
+    cache = model.make_cache(3)
+    prefill = model(ids, mask, cache=cache)  # (3, 6, V)
+    torch.testing.assert_close(prefill[mask], full[:, :6][mask], rtol=1e-4, atol=1e-5)
     for t in range(8):
-        ref = model(nxt[:, t : t + 1], cache=cache)[:, -1]  # (B, V)
-        torch.testing.assert_close(model.decode_step(nxt[:, t : t + 1], lean), ref,
-                                   rtol=1e-4, atol=1e-5)
-    assert torch.equal(lean.key_mask, cache.key_mask)
+        step = model(nxt[:, t : t + 1], cache=cache, validate=False)[:, -1]  # (B, V)
+        torch.testing.assert_close(step, full[:, 6 + t], rtol=1e-4, atol=1e-5)
+    assert cache.has_padding and cache.key_mask[:, :14].tolist() == [
+        [False] * 3 + [True] * 11, [True] * 14, [False] * 5 + [True] * 9]
 
 
-def test_decode_step_refuses_training_mode_and_a_full_cache() -> None:
+def test_cached_forward_refuses_a_full_cache_and_bad_ids() -> None:
     model = _model("rope", "sdpa")
     cache = model.make_cache(1, max_len=4)
     model(torch.tensor([[1, 2, 3, 4]]), cache=cache)
     with pytest.raises(ValueError, match="KV cache overflow"):
-        model.decode_step(torch.tensor([[5]]), cache)
-    model.train()
-    with pytest.raises(ValueError, match=r"model\.eval"):
-        model.decode_step(torch.tensor([[5]]), model.make_cache(1))
+        model(torch.tensor([[5]]), cache=cache)
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
+        model(torch.tensor([[37]]), cache=model.make_cache(1))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
+        generate(model, torch.tensor([[1, 40]]), 3)  # the prompt is checked, once
+
+
+def test_generate_checks_the_prompt_once_and_its_own_tokens_never() -> None:
+    """Per token, ``generate`` runs forward with ``validate=False``: the id-range check (a
+    host sync) runs on the prompt only."""
+    model = _model("learned", "sdpa")
+    calls: list[bool] = []
+    original = model.forward
+
+    @functools.wraps(original)  # keeps forward's signature, which generate reads
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("validate", True))
+        return original(*args, **kwargs)
+
+    model.forward = spy  # type: ignore[method-assign]
+    try:
+        generate(model, torch.tensor([[1, 2, 3]]), 5, temperature=0)
+        generate(model, torch.tensor([[1, 2, 3]]), 2, temperature=0, use_cache=False)
+    finally:
+        del model.forward
+    assert calls == [True, False, False, False, False, True, False]
 
 
 @pytest.mark.parametrize("positional", POSITIONALS)
@@ -200,10 +223,27 @@ def test_generate_text_stop_strings_and_streaming() -> None:
 
 
 def test_unknown_prompt_characters_become_unk() -> None:
+    """"€" is not in the vocabulary: the model must read a, <unk>, b — not a, b (a dropped
+    character) nor a crash."""
     tok = CharTokenizer.from_text("abc")
     model = _model("learned", "sdpa", vocab_size=tok.vocab_size)
-    out = generate_text(model, tok, "a€b", 5, temperature=0)
+    prompts: list[list[int]] = []
+    original = model.forward
+
+    @functools.wraps(original)
+    def spy(ids, *args, **kwargs):
+        if not prompts:  # the first call reads the whole prompt
+            prompts.append(ids[0].tolist())
+        return original(ids, *args, **kwargs)
+
+    model.forward = spy  # type: ignore[method-assign]
+    try:
+        out = generate_text(model, tok, "a€b", 5, temperature=0)
+    finally:
+        del model.forward
     assert len(out) == 1 and isinstance(out[0], str)
+    a, b = tok.encode("a") + tok.encode("b")
+    assert prompts == [[a, tok.unk_id, b]]
 
 
 @pytest.mark.parametrize(
@@ -268,4 +308,4 @@ def test_generated_ids_can_be_trained_on() -> None:
     model.train()
     loss = lm_loss(model(out[:, :-1]), out[:, 1:])
     loss.backward()
-    assert model.token_embedding.weight.grad is not None
+    assert model.embed.token.weight.grad is not None

@@ -24,7 +24,8 @@ USER_FACING_MODULES = [
     "handformer.masks", "handformer.loss", "handformer.data", "handformer.tokenizers",
     "handformer.generate", "handformer.config", "handformer.nn.attention",
     "handformer.nn.positional", "handformer.nn.block", "handformer.nn.feedforward",
-    "handformer.nn.kv_cache", "handformer.nn.tiled_attention", "handformer.models.decoder_lm",
+    "handformer.nn.kv_cache", "handformer.nn.tiled_attention", "handformer.models.embedding",
+    "handformer.models.decoder_lm",
     "handformer.models.encoder", "handformer.models.seq2seq", "handformer.doctor",
     "handformer.train.trainer", "handformer.train.checkpoint",
 ]

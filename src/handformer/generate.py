@@ -3,8 +3,11 @@
 * Sampling: greedy (``temperature == 0``), temperature, top-k, top-p (nucleus) and a
   repetition penalty, reproducible with ``seed``.
 * The KV cache (``use_cache=True``) keeps every layer's keys and values, so a step costs one
-  token's worth of compute instead of the whole context's. Cached and uncached generation
-  follow the same context window and give the same tokens.
+  token's worth of compute instead of the whole context's. A step is the model's own
+  ``forward(new_ids, cache=cache)`` — there is no separate decoding copy of the layers — with
+  the per-call input checks off (``validate=False``) for the tokens sampled here; the prompt
+  is checked once, on the first call. Cached and uncached generation follow the same context
+  window and give the same tokens.
 * The window: a model is run on at most ``max_len`` tokens. When the context outgrows it,
   the window slides forward by half its length and the cache is refilled from the kept
   tokens — one refill every ``max_len / 2`` steps instead of one per step.
@@ -17,6 +20,7 @@ Shape legend: ``B`` batch, ``T`` sequence so far, ``V`` vocabulary.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -100,6 +104,14 @@ def _slide(start: int, length: int, max_len: int) -> int:
     return start + stride * -(-overflow // stride)
 
 
+def _takes_validate(model: nn.Module) -> bool:
+    """Whether ``model.forward`` has a ``validate`` keyword (``DecoderLM`` does)."""
+    try:
+        return "validate" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no introspectable signature
+        return False
+
+
 def _outside_inference_mode(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """Run ``fn`` under ``torch.inference_mode()`` (no autograd bookkeeping per token) but
     hand back an ordinary tensor: an inference-mode tensor would raise "Inference tensors
@@ -141,7 +153,8 @@ def generate(
     step (same tokens, slower). Runs under ``torch.inference_mode()``; the ids it returns
     are an ordinary tensor, usable in training afterwards. Raises ``ValueError`` for an
     empty or non-(B, T) prompt, a mask of another shape or a row without real tokens,
-    negative ``max_new_tokens``, or invalid sampling settings.
+    negative ``max_new_tokens``, an ``eos_id`` outside the vocabulary, ids the model refuses
+    (checked once, on the prompt), or invalid sampling settings.
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
@@ -157,56 +170,65 @@ def generate(
         raise ValueError("every prompt row needs at least one real (unpadded) token")
 
     max_len: int = model.config.max_len  # type: ignore[union-attr]
+    vocab_size = getattr(model.config, "vocab_size", None)  # type: ignore[union-attr]
+    if eos_id is not None and vocab_size is not None and not 0 <= eos_id < vocab_size:
+        # Finished rows keep feeding eos_id to the model, past the prompt's one check.
+        raise ValueError(f"eos_id={eos_id} is not a token id of this model "
+                         f"(vocab_size={vocab_size})")
     device = next(model.parameters()).device
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     was_training = model.training
     model.eval()
 
     # Room for every token up front: each step writes one column instead of copying the
-    # whole sequence into a new tensor.
+    # whole sequence into a new tensor. Columns [0, length) hold the sequence so far.
     b, length = ids.shape
     tokens = torch.zeros(b, length + max_new_tokens, dtype=ids.dtype, device=device)
     tokens[:, :length] = ids
     real = torch.ones(b, length + max_new_tokens, dtype=torch.bool, device=device)
     if padding_mask is not None:
         real[:, :length] = padding_mask
-    out, mask = tokens[:, :length], real[:, :length]  # (B, T) each, views
     finished = torch.zeros(b, dtype=torch.bool, device=device)
     cache: DecoderCache | None = model.make_cache(b) if use_cache else None  # type: ignore[operator]
-    step = getattr(model, "decode_step", None)  # DecoderLM's per-token fast path
-    start, cached_until = 0, 0  # window start; columns [start, cached_until) are cached
+    # The prompt is checked once, by the first forward call; every later call feeds ids this
+    # loop sampled from the model's own logits (always in range), so a model whose forward
+    # offers it skips the per-call checks (for DecoderLM: a host sync on the id range).
+    unchecked = {"validate": False} if _takes_validate(model) else {}
+    checked: dict[str, Any] = {}  # the first call: validate as usual
+    start, cached = 0, False  # window start; whether the cache holds [start, length - 1)
     try:
         for _ in range(max_new_tokens):
             new_start = _slide(start, length, max_len)
             if cache is None:
-                logits = model(out[:, new_start:], mask[:, new_start:])[:, -1]  # (B, V)
-            else:
-                if new_start != start or cached_until == 0:
-                    cache.reset()  # window moved (or first step): refill from the kept tokens
-                    logits = model(out[:, new_start:], mask[:, new_start:], cache=cache)[:, -1]
-                elif step is not None:  # one generated token, always real: the lean step
-                    logits = step(out[:, cached_until:], cache)
-                else:
-                    logits = model(out[:, cached_until:], cache=cache)[:, -1]
-                cached_until = length
+                logits = model(tokens[:, new_start:length], real[:, new_start:length],
+                               **checked)[:, -1]  # (B, V)
+            elif new_start != start or not cached:
+                cache.reset()  # window moved (or first step): refill from the kept tokens
+                logits = model(tokens[:, new_start:length], real[:, new_start:length],
+                               cache=cache, **checked)[:, -1]  # (B, V)
+                cached = True
+            else:  # the last generated token, always real: no padding mask, no causal mask
+                logits = model(tokens[:, length - 1 : length], cache=cache,
+                               **checked)[:, -1]  # (B, V)
+            checked = unchecked
             start = new_start
-            next_logits = apply_repetition_penalty(
-                logits, out[:, start:], mask[:, start:], repetition_penalty
-            )  # (B, V)
-            nxt = sample_next(next_logits, temperature=temperature, top_k=top_k, top_p=top_p,
+            if repetition_penalty != 1.0:
+                logits = apply_repetition_penalty(logits, tokens[:, start:length],
+                                                  real[:, start:length],
+                                                  repetition_penalty)  # (B, V)
+            nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                               generator=generator)  # (B,)
             if eos_id is not None:
                 nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
                 finished |= nxt == eos_id
             tokens[:, length] = nxt
             length += 1
-            out, mask = tokens[:, :length], real[:, :length]  # (B, T+1) each
             stop = on_token(nxt) if on_token is not None else None
             if stop or (eos_id is not None and bool(finished.all())):
                 break
     finally:
         model.train(was_training)
-    return out
+    return tokens[:, :length]
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

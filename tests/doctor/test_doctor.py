@@ -175,7 +175,7 @@ def test_a_forward_pass_that_raises_names_the_module_and_skips_the_rest() -> Non
     assert forward.status is Status.FAIL
     assert "'lm_head'" in forward.evidence and "RuntimeError" in forward.evidence
     assert all(c.status is Status.SKIP for c in report.checks[2:])
-    assert [r.name for r in report.modules][:2] == ["token_embedding", "positions"]
+    assert [r.name for r in report.modules][:2] == ["embed", "embed.token"]
     assert report.exit_code == 1
 
 

@@ -58,9 +58,9 @@ class InvertedPolarity(MultiHeadAttention):
 class Unscaled(MultiHeadAttention):
     """Scores q·kᵀ without the 1/√D: q is pre-multiplied by √D, cancelling the kernel's scale."""
 
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = super()._project(x, context)
-        return q * math.sqrt(self.head_dim), k, v
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        q, kv = super()._project(x, context)
+        return q * math.sqrt(self.head_dim), kv
 
 
 class FusedPathOnlyUnscaled(MultiHeadAttention):
@@ -72,9 +72,9 @@ class FusedPathOnlyUnscaled(MultiHeadAttention):
         self.fast_path = self.attention == "sdpa" and not need_weights
         return super().forward(x, context, need_weights=need_weights, **kw)
 
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        q, k, v = super()._project(x, context)
-        return (q * math.sqrt(self.head_dim) if self.fast_path else q), k, v
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        q, kv = super()._project(x, context)
+        return (q * math.sqrt(self.head_dim) if self.fast_path else q), kv
 
 
 class DetachedFFN(FeedForward):
@@ -103,7 +103,7 @@ def swap_class(model: nn.Module, base: type[nn.Module], broken: type[nn.Module])
 
 
 def drop_positions(model: DecoderLM) -> DecoderLM:
-    model.positions = PositionsNotAdded(model.positions)
+    model.embed.positions = PositionsNotAdded(model.embed.positions)
     return model
 
 

@@ -207,7 +207,7 @@ def test_attention_matches_a_hand_computation_of_layer_0(client: Client, lm_dir:
     ids = torch.tensor([tok.encode(prompt)])  # (1, T)
     t = ids.shape[1]
     with torch.no_grad():
-        x = model.token_embedding(ids) + model.positions(torch.arange(t))  # (1, T, C)
+        x = model.embed.token(ids) + model.embed.positions(torch.arange(t))  # (1, T, C)
         block = model.blocks[0]
         q, k, _ = block.self_attn.in_proj(block.norm1(x)).split(32, dim=-1)  # 3 × (1, T, C)
         q = q.view(1, t, N_HEADS, 8).transpose(1, 2)  # (1, H, T, D)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from handformer.data import collate_sequences
 from handformer.loss import IGNORE_INDEX, lm_loss
@@ -97,11 +98,77 @@ def test_tiny_model_overfits_one_batch(path: str) -> None:
     assert first > 3.0 and final < 0.1, (first, final)
 
 
+def _reference_forward(model: DecoderLM, ids: torch.Tensor) -> torch.Tensor:
+    """GPT-style logits from scratch, with torch.nn.functional ops on the model's parameters
+    (learned positions, causal attention through F.scaled_dot_product_attention, GELU FFN,
+    pre- or post-norm, the final LayerNorm of a pre-norm stack, the tied head)."""
+    c = model.config
+    p = dict(model.named_parameters())  # the tied head appears once, as embed.token.weight
+    b, t = ids.shape
+    h, d = c.n_heads, c.d_model // c.n_heads
+
+    def norm(x: torch.Tensor, name: str) -> torch.Tensor:
+        return F.layer_norm(x, (c.d_model,), p[f"{name}.weight"], p[f"{name}.bias"],
+                            c.layer_norm_eps)
+
+    def heads(z: torch.Tensor) -> torch.Tensor:
+        return z.reshape(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+
+    x = F.embedding(ids, p["embed.token.weight"]) + p["embed.positions.table.weight"][:t]
+    for i in range(c.n_layers):
+        blk = f"blocks.{i}"
+
+        def attn(z: torch.Tensor, blk: str = blk) -> torch.Tensor:
+            qkv = F.linear(z, p[f"{blk}.self_attn.in_proj.weight"],
+                           p[f"{blk}.self_attn.in_proj.bias"])  # (B, T, 3C)
+            q, k, v = (heads(part) for part in qkv.split(c.d_model, dim=-1))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, D)
+            return F.linear(out.transpose(1, 2).reshape(b, t, c.d_model),
+                            p[f"{blk}.self_attn.out_proj.weight"],
+                            p[f"{blk}.self_attn.out_proj.bias"])
+
+        def ffn(z: torch.Tensor, blk: str = blk) -> torch.Tensor:
+            hidden = F.gelu(F.linear(z, p[f"{blk}.ffn.fc_in.weight"], p[f"{blk}.ffn.fc_in.bias"]))
+            return F.linear(hidden, p[f"{blk}.ffn.fc_out.weight"], p[f"{blk}.ffn.fc_out.bias"])
+
+        if c.norm == "pre":
+            x = x + attn(norm(x, f"{blk}.norm1"))
+            x = x + ffn(norm(x, f"{blk}.norm2"))
+        else:
+            x = norm(x + attn(x), f"{blk}.norm1")
+            x = norm(x + ffn(x), f"{blk}.norm2")
+    if c.norm == "pre":
+        x = norm(x, "final_norm")
+    return F.linear(x, p["embed.token.weight"])  # (B, T, V)
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("path", PATHS)
+def test_logits_match_a_from_scratch_functional_forward(norm: str, path: str) -> None:
+    """The whole model against ``_reference_forward``, in one pass and as a KV-cached
+    prefill plus one-token steps. Every LayerNorm gets random weights first, so a norm
+    skipped (the final one of a pre-norm stack, say) or applied twice cannot go unseen."""
+    model = DecoderLM(tiny_config(positional="learned", norm=norm, attention=path)).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(torch.randn_like(param) * 0.5 + (1.0 if name.endswith("weight")
+                                                            else 0.0))
+    ids = torch.randint(0, 37, (2, 12))
+    with torch.no_grad():
+        expected = _reference_forward(model, ids)
+        torch.testing.assert_close(model(ids), expected, rtol=1e-4, atol=1e-5)
+        cache = model.make_cache(2)
+        pieces = [model(ids[:, :5], cache=cache)]
+        pieces += [model(ids[:, i : i + 1], cache=cache, validate=False) for i in range(5, 12)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_tied_weights_share_storage_and_untied_do_not() -> None:
     tied = DecoderLM(tiny_config(tie_weights=True))
-    assert tied.lm_head.weight is tied.token_embedding.weight
+    assert tied.lm_head.weight is tied.embed.token.weight
     untied = DecoderLM(tiny_config(tie_weights=False))
-    assert untied.lm_head.weight is not untied.token_embedding.weight
+    assert untied.lm_head.weight is not untied.embed.token.weight
     assert untied.num_parameters() == tied.num_parameters() + 37 * 32
 
 
@@ -113,8 +180,14 @@ def test_bad_inputs_raise_clear_errors() -> None:
         model(torch.zeros(20, dtype=torch.long))
     with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
         model(torch.full((1, 4), 37))
-    with pytest.raises(ValueError, match="padding_mask shape"):
+    with pytest.raises(ValueError, match=r"padding_mask must be bool \(B, T\) = \(1, 4\)"):
         model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="padding_mask must be bool"):
+        model(torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"no tokens \(T = 0\)"):
+        model(torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"token ids must lie in \[0, 37\)"):
+        model(torch.tensor([[-1, 3]]), cache=model.make_cache(1))  # the cached call checks too
     sinusoidal = DecoderLM(tiny_config(positional="sinusoidal")).eval()
     assert sinusoidal(torch.zeros(1, 20, dtype=torch.long)).shape == (1, 20, 37)
 
@@ -125,3 +198,26 @@ def test_all_padding_batch_gives_zero_loss_not_nan() -> None:
     loss = lm_loss(logits, targets)
     loss.backward()
     assert float(loss.detach()) == 0.0 and torch.all(logits.grad == 0)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_checkpoints_with_the_old_embedding_names_still_load(tie: bool, tmp_path) -> None:
+    """Before models/embedding.py the parameters were ``token_embedding.weight`` and
+    ``positions.table.weight``: such state dicts and safetensors files still load."""
+    from safetensors.torch import load_model, save_file
+
+    model = DecoderLM(tiny_config(positional="learned", tie_weights=tie))
+    legacy = {("token_embedding.weight" if k == "embed.token.weight" else
+               "positions.table.weight" if k == "embed.positions.table.weight" else k): v
+              for k, v in model.state_dict().items()}
+    fresh = DecoderLM(tiny_config(positional="learned", tie_weights=tie))
+    fresh.load_state_dict(legacy, strict=True)
+    ids = torch.randint(0, 37, (2, 8))
+    torch.testing.assert_close(fresh(ids), model(ids))
+    if tie:  # save_model stored the tied pair once, under its first name: lm_head.weight
+        del legacy["token_embedding.weight"]
+    save_file({k: v.contiguous() for k, v in legacy.items()}, tmp_path / "model.safetensors")
+    again = DecoderLM(tiny_config(positional="learned", tie_weights=tie))
+    load_model(again, tmp_path / "model.safetensors")
+    torch.testing.assert_close(again(ids), model(ids))
+    assert (again.lm_head.weight is again.embed.token.weight) == tie

@@ -50,16 +50,19 @@ def test_is_causal_flag_equals_explicit_end_aligned_mask() -> None:
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("with_padding", [False, True])
 def test_fused_and_manual_paths_agree_with_gradients(is_causal: bool, with_padding: bool) -> None:
+    """All three kernels: the same output and the same gradients for q, k and v (the
+    tiled kernel's backward is hand-written, so each of dq, dk, dv is checked)."""
     q, k, v = (t.requires_grad_() for t in _qkv(t=S, s=S))
     mask = combine_masks(_padding([9, 4, 6], S)) if with_padding else None
-    outs, grads = [], []
+    grad_out = torch.randn(B, H, S, D)
+    results = {}
     for kind in ("manual", "sdpa", "tiled"):
         out, _ = attention(q, k, v, mask, kind=kind, is_causal=is_causal)
-        (g,) = torch.autograd.grad(out.square().sum(), [q])
-        outs.append(out)
-        grads.append(g)
-    torch.testing.assert_close(outs[0], outs[1])
-    torch.testing.assert_close(grads[0], grads[1])
+        results[kind] = (out, *torch.autograd.grad(out, [q, k, v], grad_out))
+    for kind in ("sdpa", "tiled"):
+        for name, got, want in zip(("out", "dq", "dk", "dv"), results[kind], results["manual"],
+                                   strict=True):
+            torch.testing.assert_close(got, want, msg=lambda m, k=kind, n=name: f"{k} {n}: {m}")
 
 
 @pytest.mark.parametrize("kind", ["manual", "sdpa", "tiled"])
@@ -94,12 +97,13 @@ def test_bad_masks_and_shapes_raise_clear_errors() -> None:
 @pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_self_attention_matches_nn_multiheadattention(path: str, causal: bool) -> None:
+    """The output of every kernel, and the manual kernel's weights. ``need_weights=True``
+    always runs the manual kernel, so the sdpa and tiled outputs are taken without it."""
     ours = MultiHeadAttention(32, 4, attention=path).eval()
     ref = to_torch_multihead_attention(ours)
     x = torch.randn(3, 6, 32)
     pad = _padding([6, 3, 1], 6)  # handformer polarity: True = real token
     attn_mask = causal_mask(6) if causal else None
-    out, weights = ours(x, mask=combine_masks(pad, attn_mask), need_weights=True)
     expected, ref_weights = ref(
         x, x, x,
         key_padding_mask=to_torch_key_padding_mask(pad),
@@ -107,8 +111,15 @@ def test_self_attention_matches_nn_multiheadattention(path: str, causal: bool) -
         need_weights=True,
         average_attn_weights=False,
     )
-    torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(weights, ref_weights)
+    # The causal part as an explicit mask, and as the is_causal flag.
+    for kwargs in ({"mask": combine_masks(pad, attn_mask)},
+                   {"mask": combine_masks(pad), "is_causal": causal}):
+        out, weights = ours(x, **kwargs)  # the chosen kernel
+        assert weights is None
+        torch.testing.assert_close(out, expected)
+        out, weights = ours(x, need_weights=True, **kwargs)  # the manual kernel, whatever path
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(weights, ref_weights)
 
 
 @pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from handformer.masks import causal_mask
 from handformer.nn.attention import MultiHeadAttention, attention
+from handformer.nn.kv_cache import KVCache
 from handformer.nn.positional import (
     RotaryEmbedding,
     SinusoidalPositions,
@@ -36,6 +37,51 @@ def test_rope_matches_complex_number_implementation(base: float) -> None:
     positions = torch.tensor([0, 1, 2, 5, 9, 100, 4096])
     torch.testing.assert_close(rope(x, positions).double(), _rope_complex(x, positions, base),
                                rtol=1e-5, atol=1e-4)
+
+
+def _reference_rope_attention(mha: MultiHeadAttention, x: torch.Tensor,
+                              positions: torch.Tensor, base: float) -> torch.Tensor:
+    """Causal self-attention with RoPE, built independently of handformer's attention: the
+    module's projection weights (copied), q AND k rotated by ``_rope_complex`` (complex
+    numbers, float64), torch's ``F.scaled_dot_product_attention``, the output projection."""
+    b, t, c = x.shape
+    h, hkv, d = mha.n_heads, mha.n_kv_heads, mha.head_dim
+    w_in, b_in = mha.in_proj.weight.detach().clone(), mha.in_proj.bias.detach().clone()
+    w_out, b_out = mha.out_proj.weight.detach().clone(), mha.out_proj.bias.detach().clone()
+    q, k, v = (x @ w_in.T + b_in).split([c, hkv * d, hkv * d], dim=-1)
+    q = q.reshape(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
+    k = k.reshape(b, t, hkv, d).transpose(1, 2)  # (B, Hkv, T, D)
+    v = v.reshape(b, t, hkv, d).transpose(1, 2)  # (B, Hkv, T, D)
+    q, k = (_rope_complex(z, positions, base).float() for z in (q, k))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != h)
+    return out.transpose(1, 2).reshape(b, t, c) @ w_out.T + b_out  # (B, T, C)
+
+
+@pytest.mark.parametrize("path", ["manual", "sdpa", "tiled"])
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+@pytest.mark.parametrize("cached", [False, True])
+def test_rope_attention_matches_an_independent_reference(path: str, n_kv_heads: int,
+                                                         cached: bool) -> None:
+    """MultiHeadAttention(positional="rope") against ``_reference_rope_attention``, in one
+    pass and as a KV-cached prefill followed by one-token steps (the decoding path)."""
+    base = 500.0
+    mha = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, attention=path, positional="rope",
+                             rope_base=base).eval()
+    x = torch.randn(2, 9, 32)
+    positions = torch.arange(9) + 3  # not starting at 0: the rotation must use them
+    expected = _reference_rope_attention(mha, x, positions, base)
+    with torch.no_grad():
+        if not cached:
+            out, _ = mha(x, is_causal=True, positions=positions)
+        else:
+            cache = KVCache(2, n_kv_heads, 12, 8)
+            pieces = [mha(x[:, :4], is_causal=True, positions=positions[:4], cache=cache)[0]]
+            for t in range(4, 9):
+                step, _ = mha(x[:, t : t + 1], is_causal=True, positions=positions[t : t + 1],
+                              cache=cache, cache_start=t)  # (B, 1, C)
+                pieces.append(step)
+            out = torch.cat(pieces, dim=1)  # (B, T, C)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_rope_preserves_norms() -> None:

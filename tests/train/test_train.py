@@ -44,8 +44,8 @@ def test_param_groups_skip_decay_on_norms_biases_and_positions() -> None:
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
     not_decayed = {names[id(p)] for p in no_decay["params"]}
-    assert "token_embedding.weight" in decayed  # tied with the head: listed once
-    assert "positions.table.weight" in not_decayed
+    assert "embed.token.weight" in decayed  # tied with the head: listed once
+    assert "embed.positions.table.weight" in not_decayed
     assert all("norm" in n or n.endswith("bias") or "positions" in n for n in not_decayed)
     assert all(p.dim() >= 2 for p in decay["params"])
     total = sum(p.numel() for g in (decay, no_decay) for p in g["params"])

@@ -255,7 +255,7 @@ def check_padding_probe(subject: Subject) -> CheckResult:
         extra = ""
         if set(bad) == {"left"}:
             extra = (" Only left padding fails: position ids must count real tokens only "
-                     "(handformer.models.decoder_lm.positions_from_padding).")
+                     "(handformer.models.embedding.positions_from_padding).")
         return CheckResult(SECTION, "padding probe", Status.FAIL,
                            f"adding {k} pad tokens changed the logits of the {seq.shape[1]} real "
                            f"positions: {sides} (tolerance {tol:.1g}).{extra}",

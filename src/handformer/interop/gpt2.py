@@ -100,8 +100,8 @@ def _layer_map(i: int) -> list[tuple[str, str, bool]]:
 
 
 def _key_map(cfg: ModelConfig) -> list[tuple[str, str, bool]]:
-    pairs = [("transformer.wte.weight", "token_embedding.weight", False),
-             ("transformer.wpe.weight", "positions.table.weight", False),
+    pairs = [("transformer.wte.weight", "embed.token.weight", False),
+             ("transformer.wpe.weight", "embed.positions.table.weight", False),
              ("transformer.ln_f.weight", "final_norm.weight", False),
              ("transformer.ln_f.bias", "final_norm.bias", False)]
     for i in range(cfg.n_layers):
@@ -130,7 +130,7 @@ def from_gpt2_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) ->
             raise ConversionError(f"{hf_key}: shape {tuple(state[hf_key].shape)} does not fit "
                                   f"{our_key} {tuple(ours[our_key].shape)}")
         new_state[our_key] = tensor
-    new_state["lm_head.weight"] = new_state["token_embedding.weight"]  # tied
+    new_state["lm_head.weight"] = new_state["embed.token.weight"]  # tied
     model.load_state_dict(new_state, strict=True)
     return model.eval()
 

@@ -1,10 +1,14 @@
 """DecoderLM: a GPT-style causal language model built from handformer's pieces.
 
-ids (B, T) → token embedding (+ positions) → N × TransformerBlock (causal) → [LayerNorm] →
+ids (B, T) → TokenEmbedding (+ positions) → N × TransformerBlock (causal) → [LayerNorm] →
 linear head → logits (B, T, V). The model returns logits; losses live in ``handformer.loss``.
 
 For decoding, ``make_cache`` builds a ``DecoderCache`` that the caller passes back into
-``forward``: the cache is explicit state, never hidden on the module.
+``forward``: the cache is explicit state, never hidden on the module. A decoding step is
+``forward`` itself with one new token per row — there is no second, hand-kept copy of the
+layers for speed, so hooks and attention captures see every step. What keeps the step lean:
+``validate=False`` for ids the caller produced (``generate``'s own samples), no causal mask
+for a lone query at the end of the keys, and no key mask unless the cache holds padding.
 
 Shape legend: ``B`` batch, ``T`` new tokens, ``S`` cached + new tokens, ``C`` model dim,
 ``V`` vocabulary.
@@ -12,57 +16,54 @@ Shape legend: ``B`` batch, ``T`` new tokens, ``S`` cached + new tokens, ``C`` mo
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
-from handformer.models.stack import build_blocks
-from handformer.nn.dropout import apply_dropout
+from handformer.models.embedding import TokenEmbedding, check_ids, positions_from_padding
+from handformer.models.stack import build_blocks, make_cache
 from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
-from handformer.nn.positional import build_positional
 
-__all__ = ["DecoderLM", "positions_from_padding"]
+__all__ = ["DecoderLM", "positions_from_padding"]  # the latter re-exported from embedding
+
+# Parameter names before the embedding moved into ``models/embedding.py`` → today's names, so
+# checkpoints and run folders written before still load.
+_LEGACY_KEYS = {"token_embedding.weight": "embed.token.weight",
+                "positions.table.weight": "embed.positions.table.weight"}
 
 
-def positions_from_padding(padding_mask: Tensor) -> Tensor:
-    """Position ids that count only real tokens: (B, T) bool → (B, T) long.
-
-    A left-padded row ``[pad, pad, a, b]`` gets positions ``[0, 0, 0, 1]``, so a prompt has
-    the same positions however much padding precedes it; right padding leaves 0..n-1.
-    """
-    return (padding_mask.long().cumsum(dim=-1) - 1).clamp(min=0)
+def _rename_legacy_keys(module: nn.Module, state_dict: dict[str, Any], prefix: str,
+                        *args: Any) -> None:
+    for old, new in _LEGACY_KEYS.items():
+        if prefix + old in state_dict and prefix + new not in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)
 
 
 class DecoderLM(nn.Module):
     """Causal language model. ``forward(ids, padding_mask=None) -> logits (B, T, V)``.
 
-    Built from a ``ModelConfig``: token embedding (+ the ``positional`` kind), ``n_layers``
-    causal ``TransformerBlock``s, a final LayerNorm for pre-norm stacks and a linear head,
-    tied to the embedding when ``tie_weights`` (the default). ``ids`` are (B, T) long;
+    Built from a ``ModelConfig``: the shared ``TokenEmbedding`` (token vectors, the
+    ``positional`` kind, the √C scale for sinusoidal positions), ``n_layers`` causal
+    ``TransformerBlock``s, a final LayerNorm for pre-norm stacks and a linear head, tied to
+    the token embedding when ``tie_weights`` (the default). ``ids`` are (B, T) long;
     ``padding_mask`` is (B, T) bool, True on real tokens (left or right padding; position
     ids then count real tokens only). Returns logits, never a loss (see ``lm_loss``).
 
     For decoding, ``make_cache(B)`` builds a KV cache that ``forward(..., cache=cache)``
-    takes explicitly (``generate`` does this). ``forward`` raises ``ValueError`` for ids that
-    are not (B, T) integers, ids outside [0, vocab_size), or a padding mask of another shape;
-    learned positions raise ``ValueError`` past ``max_len``.
+    takes explicitly (``generate`` does this): the same ``forward``, one token per step.
+    ``forward`` raises ``ValueError`` for ids that are not (B, T) integers, ids outside
+    [0, vocab_size), or a padding mask that is not bool (B, T); learned positions raise
+    ``ValueError`` past ``max_len``.
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
         c = config
-        self.token_embedding = nn.Embedding(c.vocab_size, c.d_model)
-        self.positions = build_positional(c.positional, c.d_model, c.max_len)  # None: in attn
-        # Sinusoidal values are O(1) while embeddings start at std 0.02: scale the embeddings
-        # by √C as in the original paper so the tokens are not drowned out.
-        self.embed_scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
-        self.dropout = nn.Dropout(c.dropout)
+        self.embed = TokenEmbedding(c)
         self.blocks = build_blocks(c)
         # Pre-norm leaves the residual stream un-normalised, so it needs a final LayerNorm;
         # post-norm blocks already end in one.
@@ -72,7 +73,9 @@ class DecoderLM(nn.Module):
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
-            self.lm_head.weight = self.token_embedding.weight
+            self.lm_head.weight = self.embed.token.weight
+        self._alibi = c.positional == "alibi"
+        self.register_load_state_dict_pre_hook(_rename_legacy_keys)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -82,37 +85,15 @@ class DecoderLM(nn.Module):
     def num_parameters(self, *, exclude_positions: bool = False) -> int:
         """Parameter count (a tied head counted once), optionally without the position table."""
         total = sum(p.numel() for p in self.parameters())
-        if exclude_positions and self.positions is not None:
-            total -= sum(p.numel() for p in self.positions.parameters())
+        positions = self.embed.positions
+        if exclude_positions and positions is not None:
+            total -= sum(p.numel() for p in positions.parameters())
         return total
 
     def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
         """Preallocated KV buffers for ``batch_size`` rows and up to ``max_len`` tokens
-        (default: the model's window). Keys/values are stored once per KV head, so
-        grouped-query attention shrinks the cache by ``n_heads / n_kv_heads``."""
-        c = self.config
-        param = next(self.parameters())
-        return DecoderCache(c.n_layers, batch_size, c.n_kv_heads, max_len or c.max_len,
-                            c.head_dim, dtype=param.dtype, device=param.device)
-
-    def _check_inputs(self, ids: Tensor, padding_mask: Tensor | None) -> None:
-        if ids.dim() != 2:
-            raise ValueError(f"DecoderLM expects ids of shape (B, T); got {tuple(ids.shape)}")
-        if ids.dtype not in (torch.long, torch.int32):
-            raise ValueError(f"ids must be an integer tensor; got {ids.dtype}")
-        if padding_mask is not None and padding_mask.shape != ids.shape:
-            raise ValueError(
-                f"padding_mask shape {tuple(padding_mask.shape)} != ids shape {tuple(ids.shape)};"
-                " expected (B, T) bool with True on real tokens"
-            )
-        vocab = self.config.vocab_size
-        if ids.numel():
-            lo, hi = (int(v) for v in torch.aminmax(ids))  # one pass, one sync
-            if lo < 0 or hi >= vocab:
-                raise ValueError(
-                    f"token ids must lie in [0, {vocab}); got min {lo}, max {hi} — was the "
-                    "tokenizer built for this model?"
-                )
+        (default: the model's window); see ``handformer.models.stack.make_cache``."""
+        return make_cache(self, self.config, batch_size, max_len)
 
     def forward(
         self,
@@ -120,35 +101,41 @@ class DecoderLM(nn.Module):
         padding_mask: Tensor | None = None,
         *,
         cache: DecoderCache | None = None,
+        validate: bool = True,
     ) -> Tensor:
         """ids (B, T) long; ``padding_mask`` (B, T) bool, True on real tokens (left or right
         padding). With ``cache``, ``ids`` are the *new* tokens, appended after the cached
-        ones. Returns logits (B, T, V)."""
-        self._check_inputs(ids, padding_mask)
+        ones. Returns logits (B, T, V).
+
+        ``validate=False`` skips the input checks (``check_ids``: shapes, dtypes and the id
+        range, which reads the ids back to the host). It is for callers that checked the
+        ids already or produced them themselves — ``generate`` validates the prompt once and
+        feeds its own sampled tokens unchecked; a bad id then fails inside the embedding
+        with a less helpful message.
+        """
+        if validate:
+            check_ids(ids, padding_mask, self.config.vocab_size, "DecoderLM",
+                      allow_empty_rows=True)
         t = ids.shape[1]
         cache_start = 0
         if cache is not None:
-            new_mask = None if padding_mask is None else padding_mask.bool()
-            positions, cache_start = cache.append_tokens(new_mask, t)  # (B, T)
-            key_mask = cache.key_mask[:, : cache_start + t]  # (B, S)
-            key_positions = cache.key_positions[:, : cache_start + t]  # (B, S)
-            # Only padding needs a key mask; a fully real cache attends everywhere.
-            mask = combine_masks(key_mask) if cache.has_padding else None  # (B, 1, 1, S)
+            positions, cache_start = cache.append_tokens(padding_mask, t)  # (B, T)
+            end = cache_start + t
+            # Only ALiBi reads the keys' positions (RoPE rotated each key when it was cached).
+            key_positions = cache.key_positions[:, :end] if self._alibi else None  # (B, S)
+            # Only padding needs a key mask; a fully real cache attends everywhere (and one
+            # new query at the end of the keys needs no causal mask either).
+            mask = combine_masks(cache.key_mask[:, :end]) if cache.has_padding else None
         elif padding_mask is None:
-            positions = torch.arange(t, device=ids.device)  # (T,)
-            key_positions = positions
+            positions = None  # the embedding counts 0..T-1
             mask = None  # plain causal attention: lets the fused kernel take its fastest path
         else:
             positions = positions_from_padding(padding_mask)  # (B, T)
-            key_positions = positions
-            mask = combine_masks(padding_mask.bool())  # (B, 1, 1, T)
+            mask = combine_masks(padding_mask)  # (B, 1, 1, T)
 
-        x = self.token_embedding(ids)  # (B, T, C)
-        if self.embed_scale != 1.0:  # a ×1 would cost a (B, T, C) pass forward and backward
-            x = x * self.embed_scale
-        if self.positions is not None:
-            x = x + self.positions(positions).to(x.dtype)  # (B, T, C)
-        x = apply_dropout(self.dropout, x)
+        x, positions = self.embed(ids, positions=positions)  # (B, T, C); (T,) or (B, T)
+        if cache is None:
+            key_positions = positions
         for i, block in enumerate(self.blocks):
             x = block(
                 x, mask=mask, is_causal=True, positions=positions, key_positions=key_positions,
@@ -157,29 +144,3 @@ class DecoderLM(nn.Module):
         if cache is not None:
             cache.commit(t)
         return self.lm_head(self.final_norm(x))  # (B, T, V)
-
-    def decode_step(self, ids: Tensor, cache: DecoderCache) -> Tensor:
-        """One decoding step: ``ids`` (B, 1) holds one new real token per row, appended
-        after the cached ones. Returns the next-token logits (B, V).
-
-        The same numbers as ``forward(ids, cache=cache)[:, -1]`` (the tests hold them
-        equal), leaner for the per-token loop of ``generate``: the ids are the model's own
-        output, so they are not validated again; no causal mask, and a key mask only when
-        the cache holds padding; layers applied as plain functions of their weights (no
-        module calls, so no hooks). Inference only (no dropout); prefill with ``forward``.
-        """
-        if self.training:
-            raise ValueError("decode_step is for inference; call model.eval() first")
-        positions, start = cache.append_step()  # (B, 1)
-        x = F.embedding(ids, self.token_embedding.weight)  # (B, 1, C)
-        if self.embed_scale != 1.0:
-            x = x * self.embed_scale
-        if self.positions is not None:
-            x = x + self.positions.forward(positions).to(x.dtype)  # (B, 1, C)
-        key_positions = cache.key_positions[:, : start + 1]  # (B, S)
-        mask = combine_masks(cache.key_mask[:, : start + 1]) if cache.has_padding else None
-        for block, layer_cache in zip(self.blocks, cache.layers, strict=True):
-            x = block.decode_step(x, layer_cache, start, positions, key_positions, mask)
-        cache.commit(1)
-        x = self.final_norm.forward(x[:, -1])  # (B, C)
-        return F.linear(x, self.lm_head.weight)  # (B, V)

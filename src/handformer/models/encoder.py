@@ -9,16 +9,15 @@ Padding, the rule every piece here follows: a pad position may *receive* informa
 own hidden state is computed, and ignored) but no query ever attends *to* it, and pooling
 never reads it. So a sequence's outputs do not depend on how much padding its batch needed.
 
-The pieces shared with the decoder side of ``models/seq2seq.py`` live here too:
-``TokenEmbedding`` (ids → vectors) and ``build_blocks`` (a stack of the one
-``TransformerBlock``), so every model is built from the same block.
+The embedding stage (``TokenEmbedding``, ``check_ids``) lives in ``models/embedding.py``
+and the block stack (``build_blocks``) in ``models/stack.py``: the decoder LM, this encoder
+and the seq2seq model are all built from the same pieces and the one ``TransformerBlock``.
 
 Shape legend: ``B`` batch, ``T`` sequence, ``C`` model dim, ``K`` classes.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,96 +26,20 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
-from handformer.models.decoder_lm import positions_from_padding
-from handformer.models.stack import build_blocks  # re-exported: seq2seq imports it from here
-from handformer.nn.init import init_weights  # re-exported: seq2seq imports it from here
-from handformer.nn.positional import ADDITIVE_KINDS, build_positional
+from handformer.models.embedding import TokenEmbedding, check_ids
+from handformer.models.stack import build_blocks
+from handformer.nn.init import init_weights
+from handformer.nn.positional import ADDITIVE_KINDS
 
 __all__ = [
     "POOLING_KINDS",
     "ClassifierConfig",
     "Encoder",
     "EncoderClassifier",
-    "TokenEmbedding",
-    "build_blocks",
-    "check_ids",
-    "init_weights",
     "pool",
 ]
 
 POOLING_KINDS: tuple[str, ...] = ("cls", "mean")
-
-
-def check_ids(ids: Tensor, padding_mask: Tensor | None, vocab_size: int, who: str) -> None:
-    """Raise ``ValueError`` naming expected vs received for bad ids / padding masks."""
-    if ids.dim() != 2:
-        raise ValueError(f"{who} expects ids of shape (B, T); got {tuple(ids.shape)}")
-    if ids.dtype not in (torch.long, torch.int32):
-        raise ValueError(f"{who}: ids must be an integer tensor (long); got {ids.dtype}")
-    if ids.shape[1] == 0:
-        raise ValueError(f"{who}: ids have no tokens (T = 0); got {tuple(ids.shape)}")
-    if padding_mask is not None:
-        if padding_mask.shape != ids.shape or padding_mask.dtype != torch.bool:
-            raise ValueError(
-                f"{who}: padding_mask must be bool (B, T) = {tuple(ids.shape)} with True on "
-                f"real tokens; got {padding_mask.dtype} {tuple(padding_mask.shape)}"
-            )
-        empty = (~padding_mask.any(dim=1)).nonzero().flatten().tolist()
-        if empty:
-            raise ValueError(f"{who}: rows {empty[:5]} of the batch have no real token "
-                             "(padding_mask all False); drop empty sequences before batching")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(
-            f"{who}: token ids must lie in [0, {vocab_size}); got min {int(ids.min())}, "
-            f"max {int(ids.max())} — was the tokenizer built for this model?"
-        )
-
-
-class TokenEmbedding(nn.Module):
-    """ids (B, T) → token vectors (+ additive positions) (B, T, C), and the position ids.
-
-    Positions count real tokens only (``positions_from_padding``), so a sequence gets the
-    same positions whether it is alone or padded on either side.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        c = config
-        self.vocab_size = c.vocab_size
-        self.token = nn.Embedding(c.vocab_size, c.d_model)
-        self.positions = build_positional(c.positional, c.d_model, c.max_len)  # None: in attn
-        # Sinusoidal values are O(1) while embeddings start at std 0.02: scale the tokens by
-        # √C as in the original paper so they are not drowned out.
-        self.scale = math.sqrt(c.d_model) if c.positional == "sinusoidal" else 1.0
-        # BERT-style extras: segment (token-type) vectors and a LayerNorm on the sum.
-        self.token_type = (nn.Embedding(c.type_vocab_size, c.d_model)
-                           if c.type_vocab_size > 0 else None)
-        self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
-                     if c.embedding_norm else None)
-        self.dropout = nn.Dropout(c.dropout)
-
-    def forward(self, ids: Tensor, padding_mask: Tensor | None = None,
-                token_types: Tensor | None = None,
-                positions: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Returns ``(x, positions)``: x (B, T, C); positions (T,) or, with a mask, (B, T).
-        ``token_types`` (B, T) selects segment vectors (default: segment 0 everywhere);
-        ``positions`` overrides the computed ones (cached decoding continues at an offset)."""
-        if positions is None and padding_mask is None:
-            positions = torch.arange(ids.shape[1], device=ids.device)  # (T,)
-        elif positions is None:
-            positions = positions_from_padding(padding_mask)  # (B, T)
-        x = self.token(ids) * self.scale  # (B, T, C)
-        if self.positions is not None:
-            x = x + self.positions(positions)  # (B, T, C)
-        if self.token_type is not None:
-            types = torch.zeros_like(ids) if token_types is None else token_types
-            x = x + self.token_type(types)  # (B, T, C)
-        elif token_types is not None:
-            raise ValueError("token_types given but this model has no token-type embeddings "
-                             "(type_vocab_size=0)")
-        if self.norm is not None:
-            x = self.norm(x)
-        return self.dropout(x), positions
 
 
 class Encoder(nn.Module):

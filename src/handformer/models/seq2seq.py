@@ -12,8 +12,11 @@ it keeps the two models the same function, which the parity tests check).
 
 Training is teacher forcing: the decoder reads ``<bos> y1 … y(n-1)`` and is scored on
 ``y1 … yn <eos>``; the causal mask keeps each position from seeing its own answer.
-``greedy_decode`` runs the encoder once and re-runs the decoder over the growing output at
-every step (no KV cache yet: cost O(T²) decoder passes, fine for short outputs).
+``greedy_decode`` runs the encoder once; then, with its KV cache (the default), the
+decoder's ``forward`` takes one new token per step and its self-attention reads the cached
+keys and values of the earlier ones, while the cross-attention reads the fixed encoder
+memory. ``use_cache=False`` re-runs the decoder over the whole prefix each step instead (the
+same tokens, O(T²) work).
 
 Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``C`` model dim,
 ``V`` target vocabulary.
@@ -29,13 +32,10 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
-from handformer.models.encoder import (
-    Encoder,
-    TokenEmbedding,
-    build_blocks,
-    check_ids,
-    init_weights,
-)
+from handformer.models.embedding import TokenEmbedding, check_ids
+from handformer.models.encoder import Encoder
+from handformer.models.stack import build_blocks, make_cache
+from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.positional import ADDITIVE_KINDS
 
@@ -124,12 +124,11 @@ class Decoder(nn.Module):
         hidden = self.decode_embedded(x, memory, padding_mask, memory_mask, positions)
         return self.lm_head(hidden)  # (B, T, V)
 
-    def make_cache(self, batch_size: int, max_len: int) -> DecoderCache:
-        """KV buffers for the decoder's self-attention (the encoder memory is fixed)."""
-        c = self.config
-        param = next(self.parameters())
-        return DecoderCache(c.n_layers, batch_size, c.n_kv_heads, max_len, c.head_dim,
-                            dtype=param.dtype, device=param.device)
+    def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
+        """KV buffers for the decoder's self-attention (the encoder memory is fixed), for up
+        to ``max_len`` target tokens (default: the decoder's ``max_len``); see
+        ``handformer.models.stack.make_cache``."""
+        return make_cache(self, self.config, batch_size, max_len)
 
     def decode_embedded(
         self,

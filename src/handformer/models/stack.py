@@ -1,5 +1,6 @@
 """The block stack every handformer model is built from: ``config.n_layers`` copies of the
-one ``TransformerBlock``, configured from a ``ModelConfig``."""
+one ``TransformerBlock``, configured from a ``ModelConfig`` — and the KV cache that a stack of
+causal self-attention blocks decodes with (the decoder LM's and the seq2seq decoder's)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from torch import nn
 
 from handformer.config import ModelConfig
 from handformer.nn.block import TransformerBlock
+from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.positional import ADDITIVE_KINDS
 
-__all__ = ["build_blocks"]
+__all__ = ["build_blocks", "make_cache"]
 
 
 def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.ModuleList:
@@ -33,3 +35,15 @@ def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.Mo
         )
         for _ in range(c.n_layers)
     )
+
+
+def make_cache(model: nn.Module, config: ModelConfig, batch_size: int,
+               max_len: int | None = None) -> DecoderCache:
+    """Preallocated KV buffers for the self-attention of ``model``'s ``config.n_layers``
+    blocks: ``batch_size`` rows, up to ``max_len`` tokens (default: ``config.max_len``), in
+    the dtype and on the device of the model's parameters. Keys/values are stored once per
+    KV head, so grouped-query attention shrinks the cache by ``n_heads / n_kv_heads``."""
+    c = config
+    param = next(model.parameters())
+    return DecoderCache(c.n_layers, batch_size, c.n_kv_heads, max_len or c.max_len, c.head_dim,
+                        dtype=param.dtype, device=param.device)

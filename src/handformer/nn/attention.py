@@ -107,15 +107,30 @@ def scaled_dot_product_attention(
     broadcast.
     """
     _check_qkv(q, k, v)
+    if mask is not None:
+        _check_mask(mask, (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]))
+    return _manual_attention(q, k, v, mask, dropout_p, is_causal=is_causal, scale=scale,
+                             bias=bias)
+
+
+def _manual_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    *,
+    is_causal: bool,
+    scale: float | None = None,
+    bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``scaled_dot_product_attention`` without the input checks (the caller made them)."""
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         # Grouped-query attention: query head h reads key/value head h // G.
         k = k.repeat_interleave(groups, dim=1)  # (B, H, S, D)
         v = v.repeat_interleave(groups, dim=1)  # (B, H, S, Dv)
     t, s = q.shape[-2], k.shape[-2]
-    scores_shape = (q.shape[0], q.shape[1], t, s)
-    if mask is not None:
-        _check_mask(mask, scores_shape)
     if is_causal:
         causal = causal_mask(t, s, device=q.device)  # (T, S)
         mask = causal if mask is None else mask & causal
@@ -145,12 +160,10 @@ def _fused_attention(
     is_causal: bool,
     bias: Tensor | None = None,
 ) -> Tensor:
-    """torch's fused kernel, with handformer's mask convention and empty-row semantics."""
-    _check_qkv(q, k, v)
+    """torch's fused kernel, with handformer's mask convention and empty-row semantics
+    (unchecked: ``attention`` or ``MultiHeadAttention`` validated the inputs)."""
     t, s = q.shape[-2], k.shape[-2]
     gqa = q.shape[1] != k.shape[1]
-    if is_causal and t == 1:
-        is_causal = False  # one query at the end of the keys sees every key
     if mask is None and bias is None:
         if is_causal and t != s:
             # torch's is_causal aligns to the top-left corner; ours is end-aligned.
@@ -163,8 +176,6 @@ def _fused_attention(
     elif is_causal:
         causal = causal_mask(t, s, device=q.device)  # (T, S)
         mask = causal if mask is None else mask & causal
-    if mask is not None:
-        _check_mask(mask, (q.shape[0], q.shape[1], t, s))
     row_has_key = None
     if mask is not None:
         # torch returns NaN for a row with no allowed key; let such rows see everything,
@@ -196,23 +207,43 @@ def attention(
 ) -> tuple[Tensor, Tensor | None]:
     """Dispatch to the chosen kernel. Weights are returned only by the manual kernel.
 
-    ``need_weights=True`` always runs the manual kernel, since fused kernels never
-    materialise the (T, S) weight matrix.
+    Shapes and mask as in ``scaled_dot_product_attention``; checked here once, whichever
+    kernel runs. ``need_weights=True`` always runs the manual kernel, since fused kernels
+    never materialise the (T, S) weight matrix.
     """
+    _check_qkv(q, k, v)
+    if mask is not None:
+        _check_mask(mask, (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]))
+    return _run_kernel(q, k, v, mask, kind, dropout_p, is_causal, need_weights, bias)
+
+
+def _run_kernel(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    kind: str,
+    dropout_p: float,
+    is_causal: bool,
+    need_weights: bool,
+    bias: Tensor | None,
+) -> tuple[Tensor, Tensor | None]:
+    """``attention`` without the input checks: the callers (``attention`` itself and
+    ``MultiHeadAttention``, which builds q, k and v) have made them."""
     if kind not in ATTENTION_KINDS:
         raise ValueError(f"unknown attention kind {kind!r}; expected one of {ATTENTION_KINDS}")
+    if is_causal and q.shape[-2] == 1:
+        # One query at the end of the keys (a cached decoding step) may see every key: its
+        # causal mask would be all True, so build none, whichever kernel runs.
+        is_causal = False
     if kind == "manual" or need_weights:
-        out, weights = scaled_dot_product_attention(
-            q, k, v, mask, dropout_p, is_causal=is_causal, bias=bias
-        )
+        out, weights = _manual_attention(q, k, v, mask, dropout_p, is_causal=is_causal,
+                                         bias=bias)
         return out, (weights if need_weights else None)
     if kind == "tiled":
         if dropout_p > 0.0:
             raise ValueError("attention='tiled' has no attention dropout; train it with "
                              "dropout=0 or use attention='manual' or 'sdpa'")
-        _check_qkv(q, k, v)
-        if mask is not None:
-            _check_mask(mask, (q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]))
         return tiled_attention(q, k, v, mask, is_causal=is_causal, bias=bias), None
     return _fused_attention(q, k, v, mask, dropout_p, is_causal, bias), None
 
@@ -284,14 +315,18 @@ class MultiHeadAttention(nn.Module):
         if positional == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
 
-    def _split_heads(self, x: Tensor, heads: int) -> Tensor:
-        b, t, _ = x.shape
-        return x.view(b, t, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, D)
-
-    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        c, kv = self.d_model, self.kv_dim
+    def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Queries from ``x``, keys and values from ``context`` (default: ``x``), split into
+        heads: q (B, H, T, D) and kv (B, 2·Hkv, S_new, D), the Hkv key heads first, then the
+        Hkv value heads — the layout ``KVCache`` stores."""
+        c, h, hkv, d = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         if context is None:
-            return self.in_proj(x).split([c, kv, kv], dim=-1)  # (B, T, C), 2 × (B, T, Hkv·D)
+            b, t, _ = x.shape
+            # One matmul, then one view: the fused projection's columns are H query heads,
+            # then Hkv key heads, then Hkv value heads, each D wide.
+            qkv = self.in_proj(x).view(b, t, h + 2 * hkv, d)  # (B, T, H + 2·Hkv, D)
+            q, kv = qkv.transpose(1, 2).split_with_sizes([h, 2 * hkv], dim=1)
+            return q, kv  # (B, H, T, D), (B, 2·Hkv, T, D)
         b = x.shape[0]
         if context.dim() != 3 or context.shape[0] != b or context.shape[-1] != c:
             raise ValueError(
@@ -300,8 +335,10 @@ class MultiHeadAttention(nn.Module):
             )
         w, bias = self.in_proj.weight, self.in_proj.bias
         q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (B, T, C)
-        k, v = F.linear(context, w[c:], None if bias is None else bias[c:]).split(kv, dim=-1)
-        return q, k, v  # (B, T, C), 2 × (B, S, Hkv·D)
+        kv = F.linear(context, w[c:], None if bias is None else bias[c:])  # (B, S, 2·Hkv·D)
+        s = context.shape[1]
+        q = q.view(b, x.shape[1], h, d).transpose(1, 2)  # (B, H, T, D)
+        return q, kv.view(b, s, 2 * hkv, d).transpose(1, 2)  # (B, 2·Hkv, S, D)
 
     def forward(
         self,
@@ -331,79 +368,35 @@ class MultiHeadAttention(nn.Module):
                 f"got {tuple(x.shape)}"
             )
         b, t, c = x.shape
-        q, k, v = self._project(x, context)
-        q = self._split_heads(q, self.n_heads)  # (B, H, T, D)
-        k = self._split_heads(k, self.n_kv_heads)  # (B, Hkv, S_new, D)
-        v = self._split_heads(v, self.n_kv_heads)  # (B, Hkv, S_new, D)
-
-        if self.positional != "none" and positions is None:
-            positions = torch.arange(t, device=x.device)
-        if self.rotary is not None:
-            q = self.rotary(q, positions)
-            if context is None:
-                k = self.rotary(k, positions)  # rotated once, then cached rotated
-        if cache is not None:
-            k, v = cache.update(k, v, cache_start)  # (B, Hkv, S, D) each
+        hkv = self.n_kv_heads
+        q, kv = self._project(x, context)  # (B, H, T, D), (B, 2·Hkv, S_new, D) keys first
 
         bias = None
-        if self.positional == "alibi":
-            q_pos = positions if positions.dim() == 2 else positions[None]  # (B|1, T)
-            if key_positions is None:
-                key_positions = q_pos
-            k_pos = key_positions if key_positions.dim() == 2 else key_positions[None]
-            bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)  # (B|1, H, T, S)
+        if self.positional != "none":
+            if positions is None:
+                positions = torch.arange(t, device=x.device)  # (T,)
+            if self.rotary is not None:
+                q = self.rotary(q, positions)
+                if context is None:  # keys are rotated once, then cached rotated
+                    k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, T, D) each
+                    kv = torch.cat([self.rotary(k, positions), v], dim=1)  # (B, 2·Hkv, T, D)
+            else:  # ALiBi
+                q_pos = positions if positions.dim() == 2 else positions[None]  # (B|1, T)
+                if key_positions is None:
+                    key_positions = q_pos
+                k_pos = key_positions if key_positions.dim() == 2 else key_positions[None]
+                bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)  # (B|1,H,T,S)
+        if cache is not None:
+            k, v = cache.update(kv, cache_start)  # (B, Hkv, S, D) each
+        else:
+            k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, S, D) each
 
-        out, weights = attention(
-            q,
-            k,
-            v,
-            mask,
-            kind=self.attention,  # type: ignore[arg-type]
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=is_causal,
-            need_weights=need_weights,
-            bias=bias,
+        if mask is not None:
+            _check_mask(mask, (b, self.n_heads, t, k.shape[-2]))
+        # q, k and v were built above with consistent shapes: run the kernel unchecked.
+        out, weights = _run_kernel(
+            q, k, v, mask, self.attention, self.dropout if self.training else 0.0,
+            is_causal, need_weights, bias,
         )  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
         return self.out_proj(out), weights
-
-    def decode_step(
-        self,
-        x: Tensor,
-        cache: KVCache,
-        cache_start: int,
-        positions: Tensor,
-        key_positions: Tensor,
-        mask: Tensor | None = None,
-    ) -> Tensor:
-        """One decoding step of self-attention: the single-query case of ``forward``.
-
-        x (B, 1, C) holds one new token per row; its key and value are written into
-        ``cache`` at column ``cache_start`` and the query attends to every cached column.
-        ``positions`` (B, 1) and ``key_positions`` (B, S) feed RoPE / ALiBi; ``mask``
-        (B, 1, 1, S) is needed only when the cache holds padding. Returns (B, 1, C).
-
-        Leaner than ``forward`` for the per-token loop: no shape checks (the model calls it
-        with shapes it built), no causal mask (a lone query at the end of the keys may
-        attend to all of them), and the projections applied as plain functions of their
-        weights — a module call costs a few µs of Python, and at batch 1 a small model's
-        step is mostly such overhead (hooks do not fire here). Tests hold it equal to
-        ``forward``.
-        """
-        b = x.shape[0]
-        qkv = F.linear(x, self.in_proj.weight, self.in_proj.bias)  # (B, 1, C + 2·Hkv·D)
-        q, k, v = qkv.split([self.d_model, self.kv_dim, self.kv_dim], dim=-1)
-        # With one token, (B, 1, heads·D) → (B, heads, 1, D) is a view: no transpose.
-        q = q.view(b, self.n_heads, 1, self.head_dim)  # (B, H, 1, D)
-        k = k.view(b, self.n_kv_heads, 1, self.head_dim)  # (B, Hkv, 1, D)
-        v = v.view(b, self.n_kv_heads, 1, self.head_dim)  # (B, Hkv, 1, D)
-        if self.rotary is not None:
-            q = self.rotary.forward(q, positions)
-            k = self.rotary.forward(k, positions)
-        k, v = cache.update(k, v, cache_start)  # (B, Hkv, S, D) each
-        bias = None
-        if self.positional == "alibi":
-            bias = alibi_bias(self.alibi_slopes, positions, key_positions).to(q.dtype)
-        out, _ = attention(q, k, v, mask, kind=self.attention, bias=bias)  # type: ignore[arg-type]
-        out = out.reshape(b, 1, self.d_model)  # (B, H, 1, D) → (B, 1, C)
-        return F.linear(out, self.out_proj.weight, self.out_proj.bias)  # (B, 1, C)

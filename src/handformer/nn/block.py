@@ -10,7 +10,6 @@ Shape legend: ``B`` batch, ``T`` query length, ``S`` key/context length, ``C`` m
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.nn.attention import AttentionKind, MultiHeadAttention
@@ -72,11 +71,6 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout2 = nn.Dropout(dropout)
 
-    def _residual(self, x: Tensor, norm: nn.Module, sublayer, dropout: nn.Dropout) -> Tensor:
-        if self.norm == "pre":
-            return x + apply_dropout(dropout, sublayer(norm(x)))
-        return norm(x + apply_dropout(dropout, sublayer(x)))
-
     def forward(
         self,
         x: Tensor,
@@ -94,45 +88,22 @@ class TransformerBlock(nn.Module):
         ``context`` (B, S, C) and ``context_mask`` feed the cross-attention, if present.
         ``positions``, ``key_positions``, ``cache`` and ``cache_start`` go to the
         self-attention (see ``MultiHeadAttention.forward``)."""
-        x = self._residual(
-            x,
-            self.norm1,
-            lambda h: self.self_attn(
-                h, mask=mask, is_causal=is_causal, positions=positions,
-                key_positions=key_positions, cache=cache, cache_start=cache_start,
-            )[0],
-            self.dropout1,
-        )
+        pre = self.norm == "pre"
+        # Each sub-layer f: x + f(LN(x)) with pre-norm, LN(x + f(x)) with post-norm.
+        h, _ = self.self_attn(
+            self.norm1(x) if pre else x, mask=mask, is_causal=is_causal, positions=positions,
+            key_positions=key_positions, cache=cache, cache_start=cache_start,
+        )  # (B, T, C)
+        x = x + apply_dropout(self.dropout1, h)
+        if not pre:
+            x = self.norm1(x)
         if self.cross_attn is not None:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context (B, S, C)")
-            cross = self.cross_attn
-            x = self._residual(
-                x,
-                self.norm_cross,
-                lambda h: cross(h, context, mask=context_mask)[0],
-                self.dropout_cross,
-            )
-        return self._residual(x, self.norm2, self.ffn, self.dropout2)
-
-    def decode_step(self, x: Tensor, cache: KVCache, cache_start: int, positions: Tensor,
-                    key_positions: Tensor, mask: Tensor | None = None) -> Tensor:
-        """One decoding step, x (B, 1, C) → (B, 1, C): ``forward`` for a single new token
-        per row with a KV cache, at inference (no dropout). Arguments as in
-        ``MultiHeadAttention.decode_step``; blocks with cross-attention use ``forward``.
-        Norms and sub-layers are applied as plain functions (no module calls; see there)."""
-        if self.cross_attn is not None:
-            raise ValueError("decode_step is for decoder-only blocks; this block has "
-                             "cross-attention: use forward(..., context=...)")
-        attn, ffn = self.self_attn, self.ffn
-        args = (cache, cache_start, positions, key_positions, mask)
-        if self.norm == "pre":
-            x = x + attn.decode_step(_layer_norm(self.norm1, x), *args)
-            return x + ffn.decode_step(_layer_norm(self.norm2, x))
-        x = _layer_norm(self.norm1, x + attn.decode_step(x, *args))
-        return _layer_norm(self.norm2, x + ffn.decode_step(x))
-
-
-def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
-    """``norm(x)`` without the module call."""
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+            h, _ = self.cross_attn(self.norm_cross(x) if pre else x, context,
+                                   mask=context_mask)  # (B, T, C)
+            x = x + apply_dropout(self.dropout_cross, h)
+            if not pre:
+                x = self.norm_cross(x)
+        x = x + apply_dropout(self.dropout2, self.ffn(self.norm2(x) if pre else x))  # (B, T, C)
+        return x if pre else self.norm2(x)

@@ -47,9 +47,3 @@ class FeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         h = self._activate(self.fc_in(x))  # (B, T, F)
         return self.fc_out(apply_dropout(self.dropout, h))  # (B, T, C)
-
-    def decode_step(self, x: Tensor) -> Tensor:
-        """``forward`` at inference, with the linear layers applied as plain functions
-        (no module calls, no dropout): the per-token decoding path."""
-        h = self._activate(F.linear(x, self.fc_in.weight, self.fc_in.bias))  # (B, T, F)
-        return F.linear(h, self.fc_out.weight, self.fc_out.bias)  # (B, T, C)

@@ -4,7 +4,7 @@ Without a cache every new token recomputes the keys and values of the whole cont
 one, each layer keeps its keys and values in preallocated buffers and a step computes them
 for the new token only.
 
-* ``KVCache`` — one layer's buffers, written at an explicit offset.
+* ``KVCache`` — one layer's keys and values in one buffer, written at an explicit offset.
 * ``DecoderCache`` — all layers of a model plus what the layers share: how many columns are
   filled, which of them are real tokens (left-padded batches) and each column's position.
 
@@ -21,33 +21,54 @@ __all__ = ["DecoderCache", "KVCache"]
 
 
 class KVCache:
-    """Preallocated key/value buffers of one attention layer."""
+    """Preallocated key/value buffers of one attention layer.
+
+    Keys and values share one buffer, ``kv`` (B, 2·Hkv, L, D): keys in heads [0, Hkv),
+    values in heads [Hkv, 2·Hkv) — the order in which ``MultiHeadAttention``'s fused input
+    projection produces them, so a step stores both with a single copy. ``k`` and ``v`` are
+    views of the two halves.
+    """
 
     def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        shape = (batch_size, n_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (B, Hkv, L, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (B, Hkv, L, D)
+        self.n_kv_heads = n_kv_heads
+        self.kv = torch.zeros((batch_size, 2 * n_kv_heads, capacity, head_dim), dtype=dtype,
+                              device=device)  # (B, 2·Hkv, L, D)
+
+    @property
+    def k(self) -> Tensor:
+        """The key buffer (B, Hkv, L, D), a view of ``kv``."""
+        return self.kv[:, : self.n_kv_heads]
+
+    @property
+    def v(self) -> Tensor:
+        """The value buffer (B, Hkv, L, D), a view of ``kv``."""
+        return self.kv[:, self.n_kv_heads :]
 
     @property
     def capacity(self) -> int:
-        return self.k.shape[2]
+        """How many columns (tokens) the buffers hold."""
+        return self.kv.shape[2]
 
-    def update(self, k_new: Tensor, v_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Write (B, Hkv, T, D) at columns [start, start+T); return views of [0, start+T)."""
-        end = start + k_new.shape[2]
-        if end > self.capacity:
-            raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into a "
-                             f"cache of capacity {self.capacity}; reset it or make it larger")
-        if k_new.shape[:2] != self.k.shape[:2] or k_new.shape[-1] != self.k.shape[-1]:
-            raise ValueError(f"new keys {tuple(k_new.shape)} do not fit cache buffers "
-                             f"{tuple(self.k.shape)} (B, Hkv, L, D)")
-        self.k[:, :, start:end] = k_new
-        self.v[:, :, start:end] = v_new
-        return self.k[:, :, :end], self.v[:, :, :end]  # (B, Hkv, S, D) each
+    def update(self, kv_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
+        """Write new keys and values, kv_new (B, 2·Hkv, T, D) with the keys first, at columns
+        [start, start+T); return the keys and values of columns [0, start+T), (B, Hkv, S, D)
+        each (views of the buffer)."""
+        kv, h = self.kv, self.n_kv_heads  # (B, 2·Hkv, L, D)
+        end = start + kv_new.shape[2]
+        if end > kv.shape[2] or kv_new.shape[:2] != kv.shape[:2]:
+            if end > kv.shape[2]:
+                raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into "
+                                 f"a cache of capacity {kv.shape[2]}; reset it or make it "
+                                 "larger")
+            raise ValueError(f"new keys and values {tuple(kv_new.shape)} do not fit the cache "
+                             f"buffer {tuple(kv.shape)} (B, 2·Hkv, L, D)")
+        kv[:, :, start:end] = kv_new  # a wrong head dim D fails here, in torch's own check
+        return kv[:, :h, :end], kv[:, h:, :end]  # (B, Hkv, S, D) each
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        """Bytes held by the key and value buffers."""
+        return self.kv.numel() * self.kv.element_size()
 
 
 class DecoderCache:
@@ -82,7 +103,8 @@ class DecoderCache:
         """Register T new columns; returns their positions (B, T) and the write offset.
 
         ``new_mask`` (B, T) bool marks real tokens among them; ``None`` means all T are real
-        (then pass ``t``), which needs no look at the data — the common decoding step.
+        (then pass ``t``), which needs no look at the data — and for ``t == 1``, the common
+        decoding step, no arithmetic beyond one increment either.
         """
         if new_mask is None:
             if t is None:
@@ -97,6 +119,12 @@ class DecoderCache:
             raise ValueError(f"KV cache overflow: {start} cached + {t} new tokens > capacity "
                              f"{self.capacity}; reset the cache or set it up with a larger "
                              "max_len")
+        if new_mask is None and t == 1:  # one real token per row: a decoding step
+            positions = self.next_position[:, None].clone()  # (B, 1)
+            self.key_mask[:, start] = True
+            self.key_positions[:, start] = self.next_position
+            self.next_position += 1
+            return positions, start
         if new_mask is None:
             counts = torch.arange(1, t + 1, device=self.key_mask.device).expand(b, t)  # (B, T)
             self.key_mask[:, start : start + t] = True
@@ -107,20 +135,6 @@ class DecoderCache:
         positions = (self.next_position[:, None] + counts - 1).clamp(min=0)  # (B, T)
         self.key_positions[:, start : start + t] = positions
         self.next_position += counts[:, -1]
-        return positions, start
-
-    def append_step(self) -> tuple[Tensor, int]:
-        """Register one new real token per row — a decoding step; returns its positions
-        (B, 1) and the write offset. The same as ``append_tokens(None, 1)`` in fewer ops."""
-        start = self.length
-        if start >= self.capacity:
-            raise ValueError(f"KV cache overflow: {start} cached + 1 new token > capacity "
-                             f"{self.capacity}; reset the cache or set it up with a larger "
-                             "max_len")
-        positions = self.next_position[:, None].clone()  # (B, 1)
-        self.key_mask[:, start] = True
-        self.key_positions[:, start] = self.next_position
-        self.next_position += 1
         return positions, start
 
     def commit(self, t: int) -> None:
