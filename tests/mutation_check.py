@@ -47,9 +47,9 @@ class Mutant:
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "rope_q_only", "nn/attention.py",
-        "                k = self.rotary(k, positions)  # rotated once, then cached rotated",
-        "                k = k",
-        ("tests/nn/test_attention.py",),
+        "kv = torch.cat([self.rotary(k, positions), v], dim=1)",
+        "kv = torch.cat([k, v], dim=1)",
+        ("tests/nn/test_positional.py",),
         "RoPE rotates the queries but not the keys: relative positions are lost",
     ),
     Mutant(

@@ -17,8 +17,9 @@ from handformer.nn.block import NORM_KINDS
 from handformer.nn.feedforward import ACTIVATIONS
 from handformer.nn.positional import POSITIONAL_KINDS
 
-__all__ = ["CLASSIFY_PRESET", "PRECISIONS", "PRESETS", "SEQ2SEQ_PRESET", "STRATEGIES",
-           "ModelConfig", "Preset", "TrainConfig", "get_preset"]
+__all__ = ["CLASSIFY_PRESET", "POOLING_KINDS", "PRECISIONS", "PRESETS", "SEQ2SEQ_PRESET",
+           "STRATEGIES", "ClassifierConfig", "ModelConfig", "Preset", "Seq2SeqConfig",
+           "TrainConfig", "get_preset"]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")  # how torchrun ranks share the model
@@ -199,6 +200,85 @@ class TrainConfig(_DictMixin):
     def effective_checkpoint_interval(self) -> int:
         """Steps between regular checkpoints (0 in the config means: at every evaluation)."""
         return self.checkpoint_interval or self.eval_interval
+
+
+POOLING_KINDS: tuple[str, ...] = ("cls", "mean")  # how a classifier summarises a sequence
+
+
+@dataclass
+class ClassifierConfig:
+    """An ``EncoderClassifier``: the encoder's ``ModelConfig`` plus the head.
+
+    ``encoder.tie_weights`` is unused (an encoder has no output vocabulary). With
+    ``pooling="cls"`` the data pipeline prepends ``<bos>`` so the first token is a
+    dedicated summary slot, as BERT's [CLS].
+    """
+
+    encoder: ModelConfig
+    num_classes: int
+    pooling: str = "cls"
+    head_dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encoder, dict):  # from JSON
+            self.encoder = ModelConfig.from_dict(self.encoder)
+        if (not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool)
+                or self.num_classes < 2):
+            raise ValueError(f"num_classes must be an int >= 2; got {self.num_classes!r}")
+        if self.pooling not in POOLING_KINDS:
+            raise ValueError(f"pooling={self.pooling!r} is not one of {POOLING_KINDS}")
+        if not 0.0 <= self.head_dropout < 1.0:
+            raise ValueError(f"head_dropout must be in [0, 1); got {self.head_dropout}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (the encoder's config nested), as saved in config.json."""
+        return {"encoder": self.encoder.to_dict(), "num_classes": self.num_classes,
+                "pooling": self.pooling, "head_dropout": self.head_dropout}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
+        """Rebuild from ``to_dict``'s data; ``ValueError`` names unknown or invalid fields."""
+        known = {"encoder", "num_classes", "pooling", "head_dropout"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"ClassifierConfig got unknown fields {unknown}; known fields: "
+                             f"{sorted(known)}")
+        return cls(**data)
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Two ``ModelConfig``s: the encoder's (source vocabulary, its depth) and the decoder's
+    (target vocabulary, its depth; ``tie_weights`` ties its embedding to its output head).
+    The two must share ``d_model``: the decoder's cross-attention reads the encoder's output.
+    """
+
+    encoder: ModelConfig
+    decoder: ModelConfig
+
+    def __post_init__(self) -> None:
+        if isinstance(self.encoder, dict):  # from JSON
+            self.encoder = ModelConfig.from_dict(self.encoder)
+        if isinstance(self.decoder, dict):
+            self.decoder = ModelConfig.from_dict(self.decoder)
+        if self.encoder.d_model != self.decoder.d_model:
+            raise ValueError(
+                f"encoder d_model={self.encoder.d_model} != decoder d_model="
+                f"{self.decoder.d_model}; cross-attention needs one model dim C"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data (both ``ModelConfig``s nested), as saved in config.json."""
+        return {"encoder": self.encoder.to_dict(), "decoder": self.decoder.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Seq2SeqConfig:
+        """Rebuild from ``to_dict``'s data; exactly ``encoder`` and ``decoder`` are needed."""
+        unknown = sorted(set(data) - {"encoder", "decoder"})
+        if unknown or set(data) != {"encoder", "decoder"}:
+            raise ValueError(f"Seq2SeqConfig needs exactly the fields ['decoder', 'encoder']; "
+                             f"got {sorted(data)}")
+        return cls(**data)
 
 
 @dataclass

@@ -73,8 +73,9 @@ def make_lm_run(run_dir: Path, *, attention: str = "sdpa", train_steps: int = 0,
 def make_classifier_run(run_dir: Path) -> Path:
     """An (untrained) encoder-classifier run folder, written by the project's own
     ``save_run``."""
+    from handformer.config import ClassifierConfig
     from handformer.data.classification import LabelVocab
-    from handformer.models.encoder import ClassifierConfig, EncoderClassifier
+    from handformer.models.encoder import EncoderClassifier
 
     torch.manual_seed(0)
     tok = CharTokenizer.from_text(TEXT)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from handformer.cli import main
-from handformer.config import ModelConfig
+from handformer.config import ModelConfig, Seq2SeqConfig
 from handformer.data.seq2seq import collate_pairs
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.jobs.seq2seq import (
@@ -20,7 +20,7 @@ from handformer.jobs.seq2seq import (
 )
 from handformer.loss import IGNORE_INDEX
 from handformer.masks import causal_mask, to_torch_attn_mask, to_torch_key_padding_mask
-from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
+from handformer.models.seq2seq import EncoderDecoder, greedy_decode
 from handformer.tokenizers import CharTokenizer
 from tests.reference.torch_nn import to_torch_transformer
 

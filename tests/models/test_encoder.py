@@ -7,11 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from handformer.config import ModelConfig
+from handformer.config import ClassifierConfig, ModelConfig
 from handformer.loss import IGNORE_INDEX, classification_loss
 from handformer.masks import to_torch_key_padding_mask
 from handformer.models.encoder import (
-    ClassifierConfig,
     Encoder,
     EncoderClassifier,
     pool,

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from handformer.config import CLASSIFY_PRESET, ModelConfig, TrainConfig
+from handformer.config import CLASSIFY_PRESET, ClassifierConfig, ModelConfig, TrainConfig
 from handformer.data import Batch
 from handformer.data.classification import (
     ClassificationBatches,
@@ -40,7 +40,7 @@ from handformer.data.classification import (
 )
 from handformer.data.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.loss import classification_loss
-from handformer.models.encoder import ClassifierConfig, EncoderClassifier
+from handformer.models.encoder import EncoderClassifier
 from handformer.runs import Run, load_run, save_run
 from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.tokenizers import CharTokenizer

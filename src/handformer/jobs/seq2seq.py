@@ -22,13 +22,13 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.config import SEQ2SEQ_PRESET, ModelConfig, TrainConfig
+from handformer.config import SEQ2SEQ_PRESET, ModelConfig, Seq2SeqConfig, TrainConfig
 from handformer.data import Batch
 from handformer.data.padding import pad_sequences
 from handformer.data.seq2seq import Seq2SeqBatch, collate_pairs, encode_sources
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import lm_loss
-from handformer.models.seq2seq import EncoderDecoder, Seq2SeqConfig, greedy_decode
+from handformer.models.seq2seq import EncoderDecoder, greedy_decode
 from handformer.runs import load_run, save_run
 from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.tokenizers import CharTokenizer

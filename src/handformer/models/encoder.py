@@ -18,13 +18,12 @@ Shape legend: ``B`` batch, ``T`` sequence, ``C`` model dim, ``K`` classes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from handformer.config import ModelConfig
+from handformer.config import POOLING_KINDS, ClassifierConfig, ModelConfig
 from handformer.masks import combine_masks
 from handformer.models.embedding import TokenEmbedding, check_ids
 from handformer.models.stack import build_blocks
@@ -32,14 +31,10 @@ from handformer.nn.init import init_weights
 from handformer.nn.positional import ADDITIVE_KINDS
 
 __all__ = [
-    "POOLING_KINDS",
-    "ClassifierConfig",
     "Encoder",
     "EncoderClassifier",
     "pool",
 ]
-
-POOLING_KINDS: tuple[str, ...] = ("cls", "mean")
 
 
 class Encoder(nn.Module):
@@ -102,45 +97,6 @@ def pool(hidden: Tensor, padding_mask: Tensor | None, kind: str) -> Tensor:
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)  # (B, C)
 
 
-@dataclass
-class ClassifierConfig:
-    """An ``EncoderClassifier``: the encoder's ``ModelConfig`` plus the head.
-
-    ``encoder.tie_weights`` is unused (an encoder has no output vocabulary). With
-    ``pooling="cls"`` the data pipeline prepends ``<bos>`` so the first token is a
-    dedicated summary slot, as BERT's [CLS].
-    """
-
-    encoder: ModelConfig
-    num_classes: int
-    pooling: str = "cls"
-    head_dropout: float = 0.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.encoder, dict):  # from JSON
-            self.encoder = ModelConfig.from_dict(self.encoder)
-        if (not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool)
-                or self.num_classes < 2):
-            raise ValueError(f"num_classes must be an int >= 2; got {self.num_classes!r}")
-        if self.pooling not in POOLING_KINDS:
-            raise ValueError(f"pooling={self.pooling!r} is not one of {POOLING_KINDS}")
-        if not 0.0 <= self.head_dropout < 1.0:
-            raise ValueError(f"head_dropout must be in [0, 1); got {self.head_dropout}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"encoder": self.encoder.to_dict(), "num_classes": self.num_classes,
-                "pooling": self.pooling, "head_dropout": self.head_dropout}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
-        known = {"encoder", "num_classes", "pooling", "head_dropout"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"ClassifierConfig got unknown fields {unknown}; known fields: "
-                             f"{sorted(known)}")
-        return cls(**data)
-
-
 class EncoderClassifier(nn.Module):
     """Sequence classifier: ``forward(ids, padding_mask) -> logits (B, K)``."""
 
@@ -154,6 +110,7 @@ class EncoderClassifier(nn.Module):
         nn.init.zeros_(self.head.bias)
 
     def num_parameters(self) -> int:
+        """Parameter count (a tied weight counted once)."""
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:

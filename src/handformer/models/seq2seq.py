@@ -24,13 +24,12 @@ Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``C`` model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from handformer.config import ModelConfig
+from handformer.config import ModelConfig, Seq2SeqConfig
 from handformer.masks import combine_masks
 from handformer.models.embedding import TokenEmbedding, check_ids
 from handformer.models.encoder import Encoder
@@ -39,40 +38,7 @@ from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.positional import ADDITIVE_KINDS
 
-__all__ = ["Decoder", "EncoderDecoder", "Seq2SeqConfig", "greedy_decode"]
-
-
-@dataclass
-class Seq2SeqConfig:
-    """Two ``ModelConfig``s: the encoder's (source vocabulary, its depth) and the decoder's
-    (target vocabulary, its depth; ``tie_weights`` ties its embedding to its output head).
-    The two must share ``d_model``: the decoder's cross-attention reads the encoder's output.
-    """
-
-    encoder: ModelConfig
-    decoder: ModelConfig
-
-    def __post_init__(self) -> None:
-        if isinstance(self.encoder, dict):  # from JSON
-            self.encoder = ModelConfig.from_dict(self.encoder)
-        if isinstance(self.decoder, dict):
-            self.decoder = ModelConfig.from_dict(self.decoder)
-        if self.encoder.d_model != self.decoder.d_model:
-            raise ValueError(
-                f"encoder d_model={self.encoder.d_model} != decoder d_model="
-                f"{self.decoder.d_model}; cross-attention needs one model dim C"
-            )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"encoder": self.encoder.to_dict(), "decoder": self.decoder.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Seq2SeqConfig:
-        unknown = sorted(set(data) - {"encoder", "decoder"})
-        if unknown or set(data) != {"encoder", "decoder"}:
-            raise ValueError(f"Seq2SeqConfig needs exactly the fields ['decoder', 'encoder']; "
-                             f"got {sorted(data)}")
-        return cls(**data)
+__all__ = ["Decoder", "EncoderDecoder", "greedy_decode"]
 
 
 class Decoder(nn.Module):
@@ -170,6 +136,7 @@ class EncoderDecoder(nn.Module):
         self.decoder = Decoder(config.decoder)
 
     def num_parameters(self) -> int:
+        """Parameter count (a tied weight counted once)."""
         return sum(p.numel() for p in self.parameters())
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None) -> Tensor:
