@@ -7,11 +7,11 @@ import functools
 import pytest
 import torch
 
+from handformer.data.padding import pad_sequences
 from handformer.generate import (
     apply_repetition_penalty,
     generate,
     generate_text,
-    left_pad,
     sample_next,
 )
 from handformer.models.decoder_lm import DecoderLM
@@ -56,7 +56,7 @@ def test_cached_logits_equal_full_recompute(positional: str, path: str, n_kv_hea
 def test_steps_after_left_padded_prefill_equal_one_uncached_pass(positional: str,
                                                                   path: str) -> None:
     model = _model(positional, path, 2, max_len=32)
-    ids, mask = left_pad([[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]])  # (3, 6)
+    ids, mask = pad_sequences([[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]], 0, side="left")  # (3, 6)
     nxt = torch.randint(0, 37, (3, 8))
     full = model(torch.cat([ids, nxt], dim=1),
                  torch.cat([mask, torch.ones(3, 8, dtype=torch.bool)], dim=1))  # (3, 14, V)
@@ -123,7 +123,7 @@ def test_cached_and_uncached_generation_identical_past_the_window(
 def test_batched_left_padded_equals_one_at_a_time(positional: str, path: str) -> None:
     model = _model(positional, path, max_len=32)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14, 15, 16], [20]]
-    ids, mask = left_pad(prompts)
+    ids, mask = pad_sequences(prompts, 0, side="left")
     batched = generate(model, ids, 20, padding_mask=mask, temperature=0)
     for row, prompt in enumerate(prompts):
         alone = generate(model, torch.tensor([prompt]), 20, temperature=0)
@@ -271,8 +271,8 @@ def test_empty_prompts_are_rejected() -> None:
     tok = CharTokenizer.from_text("abc")
     with pytest.raises(ValueError, match="non-empty strings"):
         generate_text(model, tok, "", 3)
-    with pytest.raises(ValueError, match="at least one token"):
-        left_pad([[1, 2], []])
+    with pytest.raises(ValueError, match="are empty"):
+        pad_sequences([[1, 2], []], 0, side="left")
 
 
 @pytest.mark.parametrize("positional", POSITIONALS)

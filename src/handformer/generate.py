@@ -28,9 +28,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from handformer.data.padding import pad_sequences
 from handformer.nn.kv_cache import DecoderCache
 
-__all__ = ["apply_repetition_penalty", "generate", "generate_text", "left_pad", "sample_next"]
+__all__ = ["apply_repetition_penalty", "generate", "generate_text", "sample_next"]
 
 TokenCallback = Callable[[Tensor], bool | None]
 
@@ -79,20 +80,6 @@ def sample_next(
         keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
         probs = probs.masked_fill(~keep, 0.0)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """Prompts of different lengths → ids (B, T) and padding mask (B, T), padded on the left
-    so every row's last token sits in the last column, where generation continues."""
-    if not sequences or any(len(s) == 0 for s in sequences):
-        raise ValueError("every prompt must have at least one token")
-    t = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), t), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), t), dtype=torch.bool)
-    for row, seq in enumerate(sequences):
-        ids[row, t - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
-        mask[row, t - len(seq):] = True
-    return ids, mask
 
 
 def _slide(start: int, length: int, max_len: int) -> int:
@@ -168,17 +155,18 @@ def generate(
 ) -> Tensor:
     """Extend ``ids`` (B, T) by up to ``max_new_tokens`` tokens; returns (B, T + new).
 
-    ``padding_mask`` (B, T) bool, True on real prompt tokens (use ``left_pad`` for prompts
-    of different lengths). ``temperature=0`` is greedy; default 1.0 samples from the model's
-    distribution, narrowed by ``top_k`` / ``top_p`` if given; ``seed`` makes sampling
-    reproducible. Rows that produced ``eos_id`` keep emitting it; generation stops when all
-    rows have. ``on_token(next_ids)`` is called after every step; returning True stops
-    generation (streaming, stop strings). ``use_cache=False`` recomputes the context every
-    step (same tokens, slower). Runs under ``torch.inference_mode()``; the ids it returns
-    are an ordinary tensor, usable in training afterwards. Raises ``ValueError`` for an
-    empty or non-(B, T) prompt, a mask of another shape or a row without real tokens,
-    negative ``max_new_tokens``, an ``eos_id`` outside the vocabulary, ids the model refuses
-    (checked once, on the prompt), or invalid sampling settings.
+    ``padding_mask`` (B, T) bool, True on real prompt tokens (prompts of different lengths:
+    ``pad_sequences(prompts, pad_id, side="left")`` from ``handformer.data.padding``).
+    ``temperature=0`` is greedy; default 1.0 samples from the model's distribution, narrowed by
+    ``top_k`` / ``top_p`` if given; ``seed`` makes sampling reproducible. Rows that produced
+    ``eos_id`` keep emitting it; generation stops when all rows have. ``on_token(next_ids)`` is
+    called after every step; returning True stops generation (streaming, stop strings).
+    ``use_cache=False`` recomputes the context every step (same tokens, slower). Runs under
+    ``torch.inference_mode()``; the ids it returns are an ordinary tensor, usable in training
+    afterwards. Raises ``ValueError`` for an empty or non-(B, T) prompt, a mask of another shape
+    or a row without real tokens, negative ``max_new_tokens``, an ``eos_id`` outside the
+    vocabulary, ids the model refuses (checked once, on the prompt), or invalid sampling
+    settings.
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
@@ -289,7 +277,8 @@ def generate_text(
         raise ValueError("prompts must be non-empty strings")
     if any(s == "" for s in stop):
         raise ValueError("stop strings must be non-empty")
-    ids, mask = left_pad([tokenizer.encode(p) for p in prompt_list], tokenizer.pad_id)
+    ids, mask = pad_sequences([tokenizer.encode(p) for p in prompt_list], tokenizer.pad_id,
+                              side="left")  # (B, T): every prompt ends in the last column
     texts = [""] * len(prompt_list)
     streamed = [0] * len(prompt_list)
     done = [False] * len(prompt_list)
