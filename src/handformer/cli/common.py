@@ -11,8 +11,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Handler", "add_threads_option", "add_training_options", "positive_int",
+__all__ = ["Handler", "UsageError", "add_threads_option", "add_training_options", "positive_int",
            "reporting", "training_overrides"]
+
+
+class UsageError(ValueError):
+    """The command line itself is wrong (an option's value out of range, options that
+    contradict each other): exit code 2, like argparse's own errors. Everything else a
+    command refuses (files, folders, run state) is a runtime error: exit code 1."""
 
 
 def positive_int(text: str) -> int:
