@@ -7,8 +7,13 @@
   form from another site cannot send that without the browser asking first).
 * Request bodies over ``max_body`` bytes (64 KiB) are answered 413 without being parsed.
 * Every answer is JSON or one of the three shipped static files. Errors are
-  ``{"error": message}``: 400 for bad input, 500 with the exception's message for a bug —
-  the traceback goes to the server's log, never to the browser.
+  ``{"error": message}`` — also for what ``http.server`` itself refuses (a garbled request
+  line, an unsupported method, over-long headers): 4xx for anything the client sent wrong
+  (wrong types, missing fields, numbers out of range, JSON nested too deep to parse, bad
+  UTF-8, unknown paths), 500 only for a bug, with the traceback in the server's log and
+  never in the answer. No request is answered by dropping the connection.
+* A connection that sends nothing for ``idle_timeout`` seconds (5) is closed, so idle or
+  half-sent requests do not hold a thread each forever.
 
 Routes::
 
@@ -25,10 +30,12 @@ Routes::
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from http import HTTPStatus
@@ -40,17 +47,21 @@ from handformer.explore.explorer import MAX_BATCH, Explorer
 from handformer.explore.generation import Generator
 from handformer.explore.payload import (
     InputError,
-    get_float,
     get_int,
     get_optional_int,
     get_str,
     get_str_list,
+    get_temperature,
+    shown,
 )
 
-__all__ = ["MAX_BODY", "ExploreServer", "RemoteBindError", "check_host", "is_loopback"]
+__all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "ExploreServer", "RemoteBindError", "check_host",
+           "is_loopback"]
 
 MAX_BODY = 64 * 1024
+IDLE_TIMEOUT_S = 5.0  # seconds a connection may stay silent before it is closed
 _DRAIN_LIMIT = 1024 * 1024  # read (and drop) at most this much of a refused body
+_LINGER_S = 1.0  # at most this long to read what a client still sends after our answer
 STATIC_FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/index.html": ("index.html", "text/html; charset=utf-8"),
@@ -90,7 +101,7 @@ def _head(body: dict[str, Any]) -> int | str:
     if head == "all":
         return "all"
     if isinstance(head, bool) or not isinstance(head, int):
-        raise InputError(f"'head' must be a head index or 'all'; got {head!r}")
+        raise InputError(f"'head' must be a head index or 'all'; got {shown(head)}")
     return head
 
 
@@ -106,12 +117,15 @@ class ExploreServer(ThreadingHTTPServer):
 
     def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 0, *,
                  allow_remote: bool = False, max_body: int = MAX_BODY,
-                 verbose: bool = False) -> None:
+                 idle_timeout: float = IDLE_TIMEOUT_S, verbose: bool = False) -> None:
         check_host(host, allow_remote)
+        if not idle_timeout > 0:
+            raise ValueError(f"idle_timeout must be > 0 seconds; got {idle_timeout}")
         self.explorer = explorer
         self.generator = Generator(explorer)
         self.check_host_header = is_loopback(host)
         self.max_body = max_body
+        self.idle_timeout = idle_timeout
         self.verbose = verbose
         if ":" in host.strip("[]"):
             self.address_family = socket.AF_INET6
@@ -122,6 +136,34 @@ class ExploreServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         shown = f"[{host}]" if ":" in str(host) else str(host)
         return f"http://{shown}:{port}/"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Last resort for an exception that escaped a handler: a client that went away is
+        one log line; anything else is a bug, logged with its traceback."""
+        err = sys.exc_info()[1]
+        if isinstance(err, ConnectionError | TimeoutError):
+            if self.verbose:
+                print(f"explore: connection from {client_address[0]} ended: {err!r}",
+                      file=sys.stderr)
+            return
+        super().handle_error(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        """A lingering close: say we are done writing, then read (and drop) what the client
+        is still sending, for a bounded time, before closing. Closing a socket that holds
+        unread bytes sends a reset, which can destroy the answer before the client reads it
+        (a refused 70 KB request line, say)."""
+        with contextlib.suppress(OSError):
+            request.shutdown(socket.SHUT_WR)
+            request.settimeout(_LINGER_S)
+            deadline = time.monotonic() + _LINGER_S
+            drained = 0
+            while drained < _DRAIN_LIMIT and time.monotonic() < deadline:
+                chunk = request.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        self.close_request(request)
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         ex, gen = self.explorer, self.generator
@@ -136,7 +178,7 @@ class ExploreServer(ThreadingHTTPServer):
                 get_int(b, "seed", 0, 2**63 - 1, default=0)),
             "/api/generate/step": lambda b: gen.step(
                 get_str(b, "session"), _layer(b, ex), _head(b),
-                get_float(b, "temperature", 0.0, 100.0, default=1.0),
+                get_temperature(b, "temperature", default=1.0),
                 get_optional_int(b, "top_k", 1, 1 << 30)),
             "/api/generate/view": lambda b: gen.show(
                 get_str(b, "session"), _layer(b, ex), _head(b)),
@@ -148,15 +190,39 @@ class ExploreHandler(BaseHTTPRequestHandler):
 
     server: ExploreServer
     server_version = "handformer-explore"
+    # Answer even a garbled or versionless request line with a status line and headers
+    # (http.server's default, HTTP/0.9, would send a bare body no client can read).
+    default_request_version = "HTTP/1.0"
+
+    def setup(self) -> None:
+        # ``StreamRequestHandler.setup`` applies ``self.timeout`` to the socket: a client that
+        # connects and sends nothing is dropped after it (``handle_one_request`` catches the
+        # TimeoutError and closes the connection).
+        self.timeout = self.server.idle_timeout
+        self._answered = False
+        super().setup()
+
+    def parse_request(self) -> bool:
+        if not self.raw_requestline.strip():  # a blank line: http.server would hang up
+            self.command, self.requestline = None, ""
+            self.request_version = self.default_request_version
+            self.close_connection = True
+            self.send_error(HTTPStatus.BAD_REQUEST,
+                            "empty request line: expected e.g. 'GET / HTTP/1.1'")
+            return False
+        return super().parse_request()
 
     # -- responses ------------------------------------------------------------------------
     def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self._answered = True
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", CSP)
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -166,7 +232,19 @@ class ExploreHandler(BaseHTTPRequestHandler):
         self._send(status, body, "application/json; charset=utf-8")
 
     def _error(self, status: int, message: str) -> None:
-        self._json(status, {"error": message, "status": status})
+        self._json(status, {"error": message, "status": int(status)})
+
+    def send_error(self, code: int, message: str | None = None,
+                   explain: str | None = None) -> None:
+        """``http.server``'s own refusals (a garbled request line, an unsupported method,
+        headers too long or too many) as JSON like every other error, not its HTML page."""
+        self.close_connection = True
+        short = self.responses.get(code, ("error", ""))[0]
+        text = message or short
+        if code == HTTPStatus.NOT_IMPLEMENTED:
+            text = f"{text}: the explorer answers GET, HEAD and POST only"
+        self.log_error("code %d, message %s", code, text)
+        self._error(code, text)
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
@@ -183,54 +261,80 @@ class ExploreHandler(BaseHTTPRequestHandler):
             name = host.split(":", 1)[0]
         if is_loopback(name):
             return True
-        self._error(HTTPStatus.FORBIDDEN, f"unexpected Host header {host!r}: the explorer "
-                    "answers only requests addressed to localhost")
+        self._error(HTTPStatus.FORBIDDEN, f"unexpected Host header {shown(host)}: the "
+                    "explorer answers only requests addressed to localhost")
         return False
 
-    def _read_body(self) -> dict[str, Any] | None:
-        """The JSON object in the body, or ``None`` after answering with an error."""
+    def _read_raw_body(self) -> bytes | None:
+        """The request body's bytes, or ``None`` after answering with an error (411 no
+        length, 400 a bad one, 413 too long, 408 the body never came)."""
         length_text = self.headers.get("Content-Length")
         if self.headers.get("Transfer-Encoding") or length_text is None:
             self.close_connection = True
             self._error(HTTPStatus.LENGTH_REQUIRED, "a request body needs a Content-Length")
             return None
         try:
-            length = int(length_text)
+            length = int(length_text.strip())
             if length < 0:
                 raise ValueError
         except ValueError:
             self.close_connection = True
-            self._error(HTTPStatus.BAD_REQUEST, f"bad Content-Length {length_text!r}")
+            self._error(HTTPStatus.BAD_REQUEST,
+                        f"bad Content-Length {shown(length_text)}: expected a byte count")
             return None
         if length > self.server.max_body:
             self.close_connection = True
+            self._drain(length)
             self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                         f"request body of {length} bytes is over the limit of "
                         f"{self.server.max_body} bytes: send a shorter text")
-            self._drain(length)
             return None
-        raw = self.rfile.read(length)
+        try:
+            raw = self.rfile.read(length)
+        except TimeoutError:
+            raw = b""
+        if len(raw) < length:
+            self.close_connection = True
+            self._error(HTTPStatus.REQUEST_TIMEOUT,
+                        f"the body ended after {len(raw)} of the {length} bytes its "
+                        f"Content-Length announced (nothing more came for "
+                        f"{self.server.idle_timeout:g} s)")
+            return None
+        return raw
+
+    def _parse_json(self, raw: bytes) -> dict[str, Any] | None:
+        """The JSON object in ``raw``, or ``None`` after answering 415 or 400."""
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
             self._error(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                        f"send JSON with Content-Type: application/json; got {content_type!r}")
+                        f"send JSON with Content-Type: application/json; got "
+                        f"{shown(content_type)}")
             return None
         try:
             body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        except UnicodeDecodeError as err:
+            self._error(HTTPStatus.BAD_REQUEST, f"the request body is not UTF-8 text ({err})")
+            return None
+        except RecursionError:  # e.g. [[[[…]]]] thousands deep
+            self._error(HTTPStatus.BAD_REQUEST,
+                        "the request body is JSON nested too deeply to read: send a flat "
+                        "object such as {\"prompt\": \"...\", \"layer\": 0}")
+            return None
+        except ValueError as err:  # JSONDecodeError; an integer of thousands of digits
             self._error(HTTPStatus.BAD_REQUEST, f"the request body is not valid JSON ({err})")
             return None
         if not isinstance(body, dict):
-            self._error(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object")
+            self._error(HTTPStatus.BAD_REQUEST, "the request body must be a JSON object, "
+                        f"not {type(body).__name__}")
             return None
         return body
 
     def _drain(self, length: int) -> None:
-        """Read a refused body (up to a bound) so the client can read the 413 instead of
+        """Read a refused body (up to a bound) so the client can read the answer instead of
         seeing its connection reset mid-upload."""
         remaining = min(length, _DRAIN_LIMIT)
         try:
-            self.connection.settimeout(2.0)
+            self.connection.settimeout(min(2.0, self.server.idle_timeout))
             while remaining > 0:
                 chunk = self.rfile.read(min(remaining, 65536))
                 if not chunk:
@@ -239,51 +343,80 @@ class ExploreHandler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
+    def _discard_body(self) -> None:
+        """Drain the body of a request refused before reading it (bounded)."""
+        try:
+            length = int((self.headers.get("Content-Length") or "0").strip())
+        except ValueError:
+            return
+        if length > 0:
+            self._drain(length)
+
     # -- methods --------------------------------------------------------------------------
     def do_GET(self) -> None:
-        if not self._host_ok():
-            return
-        path = self.path.split("?", 1)[0]
         try:
-            if path == "/api/info":
-                self._json(HTTPStatus.OK, self.server.explorer.info())
-            elif path in STATIC_FILES:
-                name, content_type = STATIC_FILES[path]
-                data = resources.files("handformer.explore").joinpath("static", name)
-                self._send(HTTPStatus.OK, data.read_bytes(), content_type)
-            elif path == "/favicon.ico":
-                self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
-            else:
-                self._error(HTTPStatus.NOT_FOUND, f"no page at {path!r}")
+            self._get()
         except Exception as err:  # a bug: report it, keep serving
             self._internal_error(err)
 
     do_HEAD = do_GET
 
+    def _get(self) -> None:
+        if not self._host_ok():
+            return
+        path = self.path.split("?", 1)[0]
+        if path == "/api/info":
+            self._json(HTTPStatus.OK, self.server.explorer.info())
+        elif path in STATIC_FILES:
+            name, content_type = STATIC_FILES[path]
+            data = resources.files("handformer.explore").joinpath("static", name)
+            self._send(HTTPStatus.OK, data.read_bytes(), content_type)
+        elif path == "/favicon.ico":
+            self._send(HTTPStatus.NO_CONTENT, b"", "image/x-icon")
+        elif path in self.server.routes():
+            self._error(HTTPStatus.METHOD_NOT_ALLOWED, f"{path} takes a POST with a JSON body")
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"no page at {shown(path)}")
+
     def do_POST(self) -> None:
+        try:
+            self._post()
+        except Exception as err:  # a bug: report it, keep serving
+            self._internal_error(err)
+
+    def _post(self) -> None:
         if not self._host_ok():
             self.close_connection = True
+            self._discard_body()
             return
-        body = self._read_body()
-        if body is None:
+        raw = self._read_raw_body()
+        if raw is None:
             return
         path = self.path.split("?", 1)[0]
         route = self.server.routes().get(path)
         if route is None:
-            self._error(HTTPStatus.NOT_FOUND, f"no API endpoint {path!r}")
+            self._error(HTTPStatus.NOT_FOUND, f"no API endpoint {shown(path)}")
+            return
+        body = self._parse_json(raw)
+        if body is None:
             return
         try:
             payload = route(body)
         except ValueError as err:  # InputError and the model's own input checks
             self._error(HTTPStatus.BAD_REQUEST, str(err))
             return
-        except Exception as err:
-            self._internal_error(err)
-            return
         self._json(HTTPStatus.OK, payload)
 
     def _internal_error(self, err: Exception) -> None:
+        """A 500 with a JSON body for a bug, its traceback in the server's log. If the answer
+        had already begun (or the client is gone) there is nothing left to send."""
         traceback.print_exc(file=sys.stderr)
-        self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
-                    f"internal error ({type(err).__name__}: {err}); the server's log has "
-                    "the details")
+        if self._answered or isinstance(err, ConnectionError):
+            self.close_connection = True
+            return
+        self.close_connection = True
+        what = str(err) if len(str(err)) <= 300 else str(err)[:300] + " …"
+        with contextlib.suppress(OSError):  # the client may be gone
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
+                        f"internal error ({type(err).__name__}: {what}); the server's log has "
+                        "the details")
