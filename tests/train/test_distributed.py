@@ -8,6 +8,10 @@
 * a rank that raises ends the whole job, non-zero, within a bounded time;
 * two launchers meeting at a rendezvous endpoint (as two machines would) train the same run.
 
+Ports: ``--standalone`` (torch 2.13) binds its rendezvous store and the workers' shared store
+on port 0, so the OS picks a free port and no other process can take it in between; the
+two-node test holds its rendezvous store open itself (see that test).
+
 The real ``torchrun`` starts real processes: these tests are slow-marked (a few seconds per
 launch) and still run in CI. Tolerances: fp32 sums over ranks in a different order, so
 weights agree to 1e-5 (measured ~4e-7), losses to 1e-5.
@@ -190,20 +194,28 @@ def test_a_rank_that_raises_ends_the_job_nonzero_without_a_hang(runs: dict[str, 
 @pytest.mark.slow
 def test_two_nodes_meet_through_a_rendezvous_endpoint(runs: dict[str, Path]) -> None:
     """Two torchrun launchers (as on two machines: --nnodes=2, one process each, each with
-    LOCAL_RANK 0) meet at a c10d rendezvous endpoint and train the same run."""
-    import socket
+    LOCAL_RANK 0) meet at a c10d rendezvous endpoint and train the same run.
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    The endpoint's store is held open by this test on a port the OS chose (port 0), and both
+    launchers join it as clients (``is_host=false``). Picking a free port, closing it and
+    handing the number to torchrun left a window in which another process on the machine
+    could take it; a store that is already listening leaves none. (The launchers' own
+    ports — the bootstrap store rank 0 hosts, gloo's pairs — are bound on port 0 too.)"""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True,
+                     wait_for_workers=False)
     root = runs["root"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
            "--rdzv-backend=c10d", "--rdzv-id=handformer-test",
-           f"--rdzv-endpoint=127.0.0.1:{port}", "-m", "handformer", "train",
-           "--data", "text.txt", *ARGS, "--out", "two-nodes"]
-    nodes = [subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [node.communicate(timeout=LAUNCH_TIMEOUT_S) for node in nodes]
+           f"--rdzv-endpoint=127.0.0.1:{store.port}", "--rdzv-conf=is_host=false",
+           "-m", "handformer", "train", "--data", "text.txt", *ARGS, "--out", "two-nodes"]
+    try:
+        nodes = [subprocess.Popen(cmd, cwd=root, env=_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        outputs = [node.communicate(timeout=LAUNCH_TIMEOUT_S) for node in nodes]
+    finally:
+        del store
     for node, (out, err) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, f"{out[-2000:]}\n{err[-4000:]}"
     assert sum("trained on 2 processes" in out for out, _ in outputs) == 1  # global rank 0
