@@ -9,10 +9,12 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Handler", "UsageError", "add_threads_option", "add_training_options", "positive_int",
-           "reporting", "training_overrides"]
+__all__ = ["Handler", "UsageError", "add_overwrite_option", "add_threads_option",
+           "add_training_options", "folder_arg", "positive_int", "reporting",
+           "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -30,6 +32,25 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer; got {text}")
     return value
+
+
+def folder_arg(text: str) -> Path:
+    """argparse type for a folder path: an empty or blank string is a usage error naming the
+    option (``Path("")`` would quietly mean the current folder, and a command would write —
+    or clean — there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path; got an empty path {text!r} "
+                                         "(use '.' to mean the current folder)")
+    return Path(text)
+
+
+def add_overwrite_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--overwrite``: write into ``what`` even if it is not a new or empty folder or one
+    this command wrote before (``handformer.runs.writing_folder``)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"write into {what} even if it holds files handformer did not write, "
+                        "another kind of output or an unfinished run; only files handformer "
+                        "wrote are ever removed")
 
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
