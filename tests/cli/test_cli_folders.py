@@ -146,9 +146,21 @@ def test_bench_refuses_a_foreign_results_folder_and_json_file(
     theirs = tmp_path / "summary.json"
     theirs.write_text('{"accuracy": 0.9}')
     refused(["bench", "--quick", "--only", "tokenizer", "--out-dir", str(tmp_path / "new"),
-             "--json", str(theirs)], capsys, "is not a result `handformer bench` wrote")
+             "--json", str(theirs)], capsys, f"--json {theirs} exists and handformer did "
+            "not write it")
     assert theirs.read_text() == '{"accuracy": 0.9}'
     assert not (tmp_path / "new").exists()
+
+
+def test_classify_predict_never_replaces_a_file_it_did_not_write(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    picture = tmp_path / "cm.png"
+    picture.write_bytes(b"someone's picture")
+    (tmp_path / "val.csv").write_text("text,label\n(),yes\n")
+    refused(["classify", "predict", "--run", str(tmp_path / "run"), "--data",
+             str(tmp_path / "val.csv"), "--label-col", "label", "--confusion", str(picture)],
+            capsys, f"--confusion {picture} exists", "--overwrite")
+    assert picture.read_bytes() == b"someone's picture"
 
 
 def test_doctor_and_experiment_refuse_before_doing_any_work(

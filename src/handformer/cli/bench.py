@@ -19,8 +19,8 @@ from handformer.bench.runner import (
     is_bench_json,
     run_benchmarks,
 )
-from handformer.cli.common import add_overwrite_option, folder_arg
-from handformer.runs import RunFolderError, writing_folder
+from handformer.cli.common import add_overwrite_option, check_output_file, folder_arg
+from handformer.runs import writing_folder
 
 __all__ = ["register"]
 
@@ -42,26 +42,17 @@ def register(sub: Any) -> None:
     bench.set_defaults(handler=_run)
 
 
-def _check_json_target(path: Path, overwrite: bool) -> None:
-    """A --json file elsewhere is replaced only if bench wrote it (or --overwrite)."""
-    if path.is_dir():
-        raise RunFolderError(f"--json {path} is a folder; give the path of a file to write")
-    if path.exists() and not overwrite and not is_bench_json(path):
-        raise RunFolderError(f"--json {path} exists and is not a result `handformer bench` "
-                             "wrote; give a new file, or pass --overwrite to replace it")
-
-
 def _run(args: argparse.Namespace) -> int:
     from handformer.atomic import atomic_write_text
 
     names = tuple(args.only or BENCHMARKS)
-    if args.json is not None:
-        _check_json_target(args.json, args.overwrite)
+    if args.json is not None:  # replaced only if bench wrote it (or --overwrite)
+        check_output_file(args.json, "--json", overwrite=args.overwrite, ours=is_bench_json)
     with writing_folder(args.out_dir, BENCH_FOLDER, overwrite=args.overwrite) as out_dir:
         merged = run_benchmarks(names, out_dir, args.quick, args.data)
         json_path = args.json or out_dir / MERGED
-        if args.json is not None:
-            _check_json_target(json_path, args.overwrite)  # again: the run took a while
+        if args.json is not None:  # again: the benchmarks took a while
+            check_output_file(json_path, "--json", overwrite=args.overwrite, ours=is_bench_json)
         atomic_write_text(json_path, json.dumps(merged, indent=2))
         chart = out_dir / CHART
         draw_chart(merged, chart)

@@ -11,6 +11,7 @@ from handformer.cli.common import (
     add_overwrite_option,
     add_threads_option,
     add_training_options,
+    check_output_file,
     folder_arg,
     positive_int,
     reporting,
@@ -63,7 +64,10 @@ def register(subparsers: Any) -> None:
     cp.add_argument("--label-col", default=None,
                     help="with --data: score predictions against this column")
     cp.add_argument("--confusion", type=Path, default=None,
-                    help="with --label-col: also draw the confusion matrix to this PNG")
+                    help="with --label-col: also draw the confusion matrix to this PNG (a "
+                         "new file, unless --overwrite)")
+    cp.add_argument("--overwrite", action="store_true",
+                    help="let --confusion replace an existing file")
     cp.add_argument("--device", default="cpu")
     add_threads_option(cp)
     cp.set_defaults(handler=reporting("classify predict", _classify_predict))
@@ -120,6 +124,8 @@ def _classify_predict(args: argparse.Namespace) -> int:
 
     if args.confusion is not None and args.label_col is None:
         raise ValueError("--confusion needs --data and --label-col (the true labels)")
+    if args.confusion is not None:  # before predicting: never replace a file it did not write
+        check_output_file(args.confusion, "--confusion", overwrite=args.overwrite)
     loaded = load_classifier_run(args.run, device=args.device)
     if args.text is not None:
         texts, truth = list(args.text), None

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Handler", "UsageError", "add_overwrite_option", "add_threads_option",
-           "add_training_options", "folder_arg", "positive_int", "reporting",
-           "training_overrides"]
+           "add_training_options", "check_output_file", "folder_arg", "positive_int",
+           "reporting", "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -51,6 +51,18 @@ def add_overwrite_option(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"write into {what} even if it holds files handformer did not write, "
                         "another kind of output or an unfinished run; only files handformer "
                         "wrote are ever removed")
+
+
+def check_output_file(path: Path, option: str, *, overwrite: bool,
+                      ours: Callable[[Path], bool] | None = None) -> None:
+    """Refuse (``ValueError``, a runtime refusal) to replace an existing file a command did
+    not write: ``ours(path)`` says when it did; ``overwrite`` allows it anyway. A folder
+    where the file should go is refused too."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the path of a file to write")
+    if path.exists() and not overwrite and not (ours is not None and ours(path)):
+        raise ValueError(f"{option} {path} exists and handformer did not write it; give a "
+                         "new file, or pass --overwrite to replace it")
 
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
