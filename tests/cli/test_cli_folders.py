@@ -195,9 +195,10 @@ def test_a_second_train_into_the_same_folder_fails_naming_the_first_pid(
             time.sleep(0.2)
         else:
             pytest.fail("the first train never took the lock")
-        refused(["train", "--data", str(corpus), "--out", str(out), *TINY, "--overwrite"],
-                capsys, "being written by another handformer process",
-                f"PID {first.pid}, `handformer train`")
+        for overwrite in ([], ["--overwrite"]):  # busy, not "unfinished", either way
+            refused(["train", "--data", str(corpus), "--out", str(out), *TINY, *overwrite],
+                    capsys, "being written by another handformer process",
+                    f"PID {first.pid}, `handformer train`")
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=60)

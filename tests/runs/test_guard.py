@@ -17,6 +17,7 @@ from handformer.runs import (
     CLASSIFIER_FOLDER,
     LM_FOLDER,
     FolderBusyError,
+    FolderLock,
     FolderSpec,
     RunFolderError,
     check_destination,
@@ -214,6 +215,16 @@ def test_a_new_folder_is_created_marked_and_locked_while_writing(tmp_path: Path)
         assert snapshot(out) == before
     with writing_folder(target, PICS):  # released when the block ends
         pass
+
+
+def test_a_run_being_written_is_busy_not_unfinished(tmp_path: Path) -> None:
+    run = lm_run(tmp_path / "run", finished=False)
+    with FolderLock(run, command="handformer train"):
+        before = snapshot(run)
+        for overwrite in (False, True):
+            with pytest.raises(FolderBusyError, match="`handformer train`"):
+                check_destination(run, LM_FOLDER, overwrite=overwrite)
+        assert snapshot(run) == before
 
 
 def test_a_failed_first_write_leaves_no_folder_an_existing_one_stays(tmp_path: Path) -> None:

@@ -33,7 +33,6 @@ import dataclasses
 import fnmatch
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ from handformer.runs.files import (
     read_json,
 )
 from handformer.runs.folder import RUN_KINDS, run_kind
-from handformer.runs.lock import LOCK_FILE, FolderLock
+from handformer.runs.lock import LOCK_FILE, FolderLock, check_not_busy
 from handformer.train.checkpoint import (
     MARKER as CHECKPOINT_MARKER,
 )
@@ -62,6 +61,7 @@ from handformer.train.checkpoint import (
     is_checkpoint_entry,
     list_checkpoints,
     read_checkpoint_json,
+    remove_checkpoint_entry,
 )
 
 __all__ = [
@@ -220,16 +220,25 @@ def _listing(state: FolderState) -> str:
 
 def check_destination(path: str | os.PathLike[str], spec: FolderSpec, *,
                       overwrite: bool = False) -> FolderState:
-    """Refuse (``RunFolderError``) a destination ``spec``'s command may not write, without
-    writing anything; otherwise return what is there. See the module docstring."""
+    """Refuse (``RunFolderError``; ``FolderBusyError`` while another process writes it) a
+    destination ``spec``'s command may not write, without writing anything; otherwise
+    return what is there. See the module docstring."""
     state = read_folder(path)
+    if state.exists:
+        check_not_busy(state.path)  # first: a run being written looks unfinished, and is not
+    _refuse(state, spec, overwrite=overwrite)
+    return state
+
+
+def _refuse(state: FolderState, spec: FolderSpec, *, overwrite: bool) -> None:
+    """The rules of ``check_destination``, on a folder already read."""
     folder, other = state.path, state.spec
     if state.checkpoint:
         raise RunFolderError(
             f"{folder} is a checkpoint folder of a run (it holds {CHECKPOINT_MARKER}); "
             f"`{spec.command}` never writes into one: give another folder")
     if state.empty:
-        return state
+        return
     if other is not None and other.kind == spec.kind:
         step = _unfinished_step(folder, other)
         if step is not None and not overwrite:
@@ -238,9 +247,9 @@ def check_destination(path: str | os.PathLike[str], spec: FolderSpec, *,
             raise RunFolderError(
                 f"{folder} holds an unfinished run (last checkpoint: step {step}); {hint}"
                 "pass --overwrite to replace it")
-        return state
+        return
     if overwrite:
-        return state
+        return
     if other is not None:
         raise RunFolderError(
             f"{folder} holds {other.what} (written by `{other.command}`); `{spec.command}` "
@@ -297,10 +306,7 @@ def _clean(state: FolderState, spec: FolderSpec) -> None:
             continue
         for entry in sorted(path.iterdir()):
             if is_checkpoint_entry(entry):
-                if entry.is_dir():
-                    shutil.rmtree(entry)
-                else:
-                    entry.unlink()
+                remove_checkpoint_entry(entry)
         if sub not in kept:
             _rmdir_if_empty(path)
 
@@ -332,7 +338,8 @@ def writing_folder(path: str | os.PathLike[str], spec: FolderSpec, *,
     succeeded = False
     try:
         # Again under the lock: another writer may have claimed or filled it meanwhile.
-        state = check_destination(folder, spec, overwrite=overwrite)
+        state = read_folder(folder)
+        _refuse(state, spec, overwrite=overwrite)
         _clean(state, spec)
         _write_marker(state, spec)
         yield folder

@@ -29,7 +29,7 @@ try:
 except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["LOCK_FILE", "FolderBusyError", "FolderLock"]
+__all__ = ["LOCK_FILE", "FolderBusyError", "FolderLock", "check_not_busy"]
 
 LOCK_FILE = ".handformer.lock"
 
@@ -47,6 +47,31 @@ def _holder(fd: int) -> str:
         return f"PID {info['pid']}{where}, `{info.get('command', 'handformer')}`"
     except (OSError, ValueError, TypeError, KeyError):
         return "PID unknown: the holder has not written its details yet"
+
+
+def _busy_message(folder: Path, fd: int) -> str:
+    return (f"{folder} is being written by another handformer process ({_holder(fd)}); wait "
+            "for it to finish or stop it, or write somewhere else")
+
+
+def check_not_busy(folder: str | Path) -> None:
+    """Raise ``FolderBusyError`` if a live process holds ``folder``'s lock; otherwise do
+    nothing. Creates no file: a refusal that checks this first leaves the folder as it was."""
+    path = Path(folder) / LOCK_FILE
+    if fcntl is None:
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # no lock file (or none readable): nobody holds one we could wait for
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderBusyError(_busy_message(path.parent, fd)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 class FolderLock:
@@ -75,10 +100,7 @@ class FolderLock:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
-                    raise FolderBusyError(
-                        f"{self.path.parent} is being written by another handformer process "
-                        f"({_holder(fd)}); wait for it to finish or stop it, or write "
-                        "somewhere else") from None
+                    raise FolderBusyError(_busy_message(self.path.parent, fd)) from None
             details = {"pid": os.getpid(), "host": socket.gethostname(),
                        "command": self.command,
                        "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

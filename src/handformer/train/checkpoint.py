@@ -43,7 +43,8 @@ from handformer.train.state import TrainerState
 __all__ = [
     "MARKER", "PHASES", "CheckpointError", "CheckpointInfo", "CheckpointManager", "PhaseHook",
     "is_checkpoint_entry", "list_checkpoints", "load_weights", "read_checkpoint_json",
-    "read_trainer_state", "remove_stale", "save_checkpoint", "verify_checkpoint",
+    "read_trainer_state", "remove_checkpoint_entry", "remove_stale", "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 WEIGHTS = "model.safetensors"
@@ -195,6 +196,18 @@ def is_checkpoint_entry(path: str | Path) -> bool:
     if _TMP_NAME.match(path.name):
         return not path.is_symlink()
     return _is_committed(path)
+
+
+def remove_checkpoint_entry(path: str | Path) -> None:
+    """Delete one entry ``is_checkpoint_entry`` recognised; a committed folder is renamed to
+    a ``.tmp-del-`` name first, so a crash half-way leaves a name ``remove_stale`` cleans."""
+    path = Path(path)
+    if _NAME.match(path.name) and path.is_dir():
+        _discard(path)
+    elif path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def remove_stale(root: str | Path) -> list[Path]:
