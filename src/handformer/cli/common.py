@@ -9,9 +9,11 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Handler", "UsageError", "add_threads_option", "add_training_options", "positive_int",
+__all__ = ["Handler", "UsageError", "add_overwrite_option", "add_threads_option",
+           "add_training_options", "check_output_file", "folder_arg", "positive_int",
            "reporting", "training_overrides"]
 
 
@@ -30,6 +32,37 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer; got {text}")
     return value
+
+
+def folder_arg(text: str) -> Path:
+    """argparse type for a folder path: an empty or blank string is a usage error naming the
+    option (``Path("")`` would quietly mean the current folder, and a command would write —
+    or clean — there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path; got an empty path {text!r} "
+                                         "(use '.' to mean the current folder)")
+    return Path(text)
+
+
+def add_overwrite_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--overwrite``: write into ``what`` even if it is not a new or empty folder or one
+    this command wrote before (``handformer.runs.writing_folder``)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"write into {what} even if it holds files handformer did not write, "
+                        "another kind of output or an unfinished run; only files handformer "
+                        "wrote are ever removed")
+
+
+def check_output_file(path: Path, option: str, *, overwrite: bool,
+                      ours: Callable[[Path], bool] | None = None) -> None:
+    """Refuse (``ValueError``, a runtime refusal) to replace an existing file a command did
+    not write: ``ours(path)`` says when it did; ``overwrite`` allows it anyway. A folder
+    where the file should go is refused too."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the path of a file to write")
+    if path.exists() and not overwrite and not (ours is not None and ours(path)):
+        raise ValueError(f"{option} {path} exists and handformer did not write it; give a "
+                         "new file, or pass --overwrite to replace it")
 
 
 def add_training_options(p: argparse.ArgumentParser) -> None:
