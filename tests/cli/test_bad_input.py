@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -134,6 +135,49 @@ def edit_tensors(name: str, change: Callable[[dict[str, Any]], dict[str, Any]]) 
     return setup
 
 
+def recommit(checkpoint: str) -> Setup:
+    """Re-sign a checkpoint's COMMITTED.json after an edit, so that the damage gets past the
+    size/sha256 check and reaches the check behind it."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        folder = case / checkpoint
+        marker = json.loads((folder / "COMMITTED.json").read_text(encoding="utf-8"))
+        for name, entry in marker["files"].items():
+            data = (folder / name).read_bytes()
+            entry.update(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        (folder / "COMMITTED.json").write_text(json.dumps(marker), encoding="utf-8")
+    return setup
+
+
+def hf_tokenizer(folder: str, size: int = 0) -> Setup:
+    """A Hugging Face ``tokenizer.json`` (one token per letter, plus ``size`` made-up ones) in
+    a transformers folder, so that ``convert --from hf`` gets past its source checks."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        vocab = {"<unk>": 0, **{c: i + 1 for i, c in enumerate("abcdefghijklmnopqrstuvwxyz ")}}
+        vocab.update({f"tok{i}": len(vocab) + i for i in range(size)})
+        tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+        tok.save(str(case / folder / "tokenizer.json"))
+    return setup
+
+
+def bert(name: str, *, config: str | None = None, weights: int = 4096) -> Setup:
+    """A BERT-style folder from the MiniLM package: its config.json (or ``config``) and
+    tokenizer.json, and the first ``weights`` bytes of its model.safetensors."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        from handformer.interop.bert import minilm_path
+
+        src, dst = minilm_path(), case / name
+        dst.mkdir()
+        shutil.copyfile(src / "tokenizer.json", dst / "tokenizer.json")
+        (dst / "config.json").write_text(config if config is not None else
+                                         (src / "config.json").read_text(encoding="utf-8"))
+        with (src / "model.safetensors").open("rb") as fh:
+            (dst / "model.safetensors").write_bytes(fh.read(weights))
+    return setup
+
+
 def foreign(name: str) -> Setup:
     """Another tool's folder: its own checkpoints/, tensorboard/ and notes."""
     return _many(write(f"{name}/checkpoints/epoch-3.ckpt", b"\x80\x04 not ours" * 50),
@@ -193,7 +237,7 @@ S2S_TRAIN = ["seq2seq", "train", "--max-steps", "2", "--max-len", "6", "--d-mode
              "--n-layers", "1", "--no-progress"]
 DOCTOR = ["doctor", "--preset", "tiny", "--learning-steps", "2"]
 EXPLORE = ["explore", "--port", "0"]
-LM_CONFIG = {"vocab_size": 40, "d_model": 16, "n_heads": 2, "n_layers": 1, "max_len": 16}
+LM_CONFIG = {"vocab_size": 200, "d_model": 16, "n_heads": 2, "n_layers": 1, "max_len": 16}
 
 
 def C(id: str, argv: list[str], code: int | tuple[int, ...], message: str,
@@ -264,12 +308,21 @@ CASES: list[Case] = [
     C("resume-truncated-checkpoint", ["train", "--resume", "lm", "--max-steps", "4"], 1,
       "model.safetensors|checkpoint", copy("lm"),
       truncate("lm/checkpoints/step-00000002/model.safetensors", 100), part="C"),
-    C("resume-trainer-state-not-json", ["train", "--resume", "lm", "--max-steps", "4"], 1,
-      "trainer_state|checkpoint", copy("lm"),
+    C("resume-checkpoint-file-replaced", ["train", "--resume", "lm", "--max-steps", "4"], 1,
+      "trainer_state", copy("lm"),
       write("lm/checkpoints/step-00000002/trainer_state.json", "{not json"), part="C"),
+    C("resume-trainer-state-not-json", ["train", "--resume", "lm", "--max-steps", "4"], 1,
+      "trainer_state", copy("lm"),
+      write("lm/checkpoints/step-00000002/trainer_state.json", "{not json"),
+      recommit("lm/checkpoints/step-00000002"), part="C"),
     C("resume-mismatched-tokenizer", ["train", "--resume", "lm", "--max-steps", "4"], 1,
       "tokenizer", copy("lm"), edit_json("lm/checkpoints/step-00000002/tokenizer.json",
-                                         _bigger_vocab), part="B"),
+                                         _bigger_vocab),
+      recommit("lm/checkpoints/step-00000002"), part="B"),
+    C("resume-weights-are-integers", ["train", "--resume", "lm", "--max-steps", "4"], 1,
+      "dtype|int|float", copy("lm"),
+      edit_tensors("lm/checkpoints/step-00000002/model.safetensors", _to_int),
+      recommit("lm/checkpoints/step-00000002"), part="B"),
     # ---------------------------------------------------------------- generate: options
     C("generate-temperature-nan", [*GEN, "--temperature", "nan"], 2, "--temperature",
       copy("lm"), part="B"),
@@ -397,8 +450,8 @@ CASES: list[Case] = [
     C("classify-out-lm-run", [*CLF_TRAIN, "--out", "lm"], 1, "lm", copy("lm"), part="A"),
     C("classify-out-foreign", [*CLF_TRAIN, "--out", "theirs"], 1, "theirs", foreign("theirs"),
       part="A"),
-    C("classify-batch-size-1e8", [*CLF_TRAIN, "--batch-size", "100000000"], 1,
-      "memory|batch", part="C"),
+    C("classify-d-model-1e9", [*CLF_TRAIN, "--d-model", "1000000000"], 1,
+      "memory|d_model|d-model", part="C"),
     # ---------------------------------------------------------------- classify predict
     C("predict-lm-run", ["classify", "predict", "--run", "lm", "--text", "ab"], 1,
       "classif|lm", copy("lm"), part="C"),
@@ -432,7 +485,7 @@ CASES: list[Case] = [
       part="C"),
     C("seq2seq-min-over-max", [*S2S_TRAIN, "--min-len", "9", "--max-len", "4"], 2,
       "min", part="C"),
-    C("seq2seq-task-unknown", [*S2S_TRAIN, "--task", "sort"], 2, "--task"),
+    C("seq2seq-task-unknown", [*S2S_TRAIN, "--task", "fly"], 2, "--task"),
     C("seq2seq-out-empty", [*S2S_TRAIN, "--out", ""], 2, "--out", part="A"),
     C("seq2seq-out-lm-run", [*S2S_TRAIN, "--out", "lm"], 1, "lm", copy("lm"), part="A"),
     C("seq2seq-lr-inf", [*S2S_TRAIN, "--lr", "inf"], 2, "--lr", part="B"),
@@ -520,6 +573,12 @@ CASES: list[Case] = [
     C("embed-model-gpt2-folder", ["embed", "--model", "hf", "a cat"], 1, "hf|bert", copy("hf"),
       part="C"),
     C("embed-no-sentences", ["embed"], 2, "sentences"),
+    C("embed-bert-weights-truncated", ["embed", "--model", "bert", "a cat"], 1,
+      "model.safetensors", bert("bert"), part="C"),
+    C("embed-bert-config-not-json", ["embed", "--model", "bert", "a cat"], 1, "config.json",
+      bert("bert", config="{'hidden_size': 384}"), part="C"),
+    C("embed-bert-config-gpt2", ["embed", "--model", "bert", "a cat"], 1, "model_type",
+      bert("bert", config='{"model_type": "gpt2"}'), part="C"),
     # ---------------------------------------------------------------- convert
     C("convert-no-direction", ["convert", "lm", "out"], 2, "--to|--from", copy("lm")),
     C("convert-src-missing", ["convert", "--to", "hf", "gone", "out"], 1, "gone", part="C"),
@@ -546,7 +605,11 @@ CASES: list[Case] = [
     C("convert-from-bad-config", ["convert", "--from", "hf", "hf", "back"], 1, "config.json",
       copy("hf"), write("hf/config.json", "{]"), part="C"),
     C("convert-from-into-classifier-run", ["convert", "--from", "hf", "hf", "clf"], 1, "clf",
-      copy("hf"), copy("clf"), part="A"),
+      copy("hf"), hf_tokenizer("hf"), copy("clf"), part="A"),
+    C("convert-from-into-foreign-folder", ["convert", "--from", "hf", "hf", "theirs"], 1,
+      "theirs", copy("hf"), hf_tokenizer("hf"), foreign("theirs"), part="A"),
+    C("convert-from-tokenizer-too-big", ["convert", "--from", "hf", "hf", "back"], 1,
+      "tokenizer", copy("hf"), hf_tokenizer("hf", size=5000), part="C"),
     # ---------------------------------------------------------------- experiment, bench
     C("experiment-no-name", ["experiment"], 2, "required|experiment"),
     C("experiment-steps-0", ["experiment", "length", "--quick", "--steps", "0"], 2, "--steps",
@@ -753,19 +816,18 @@ def _interrupt_when_running(proc: subprocess.Popen[str], sig: int, marker: str,
                             timeout: float = 120) -> tuple[str, str]:
     """Wait until ``marker`` shows on stdout (the command is busy), then send ``sig``."""
     assert proc.stdout is not None
+    fd = proc.stdout.fileno()
     deadline = time.monotonic() + timeout
-    seen = ""
-    os.set_blocking(proc.stdout.fileno(), False)
-    while marker not in seen:
-        assert proc.poll() is None, f"ended early ({proc.returncode}): {seen[-2000:]}"
-        assert time.monotonic() < deadline, f"never printed {marker!r}: {seen[-2000:]}"
-        chunk = proc.stdout.read()
-        seen += chunk or ""
-        time.sleep(0.05)
+    seen = b""
+    while marker.encode() not in seen:
+        assert proc.poll() is None, f"ended early ({proc.returncode}): {seen[-2000:]!r}"
+        assert time.monotonic() < deadline, f"never printed {marker!r}: {seen[-2000:]!r}"
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            seen += os.read(fd, 65536)
     proc.send_signal(sig)
-    os.set_blocking(proc.stdout.fileno(), True)
     out, err = proc.communicate(timeout=60)
-    return seen + out, err
+    return seen.decode(errors="replace") + out, err
 
 
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
