@@ -36,6 +36,7 @@ if CHROMIUM is None or not CHROMEDRIVER.exists():
     pytest.skip("Chromium or chromedriver is missing: apt-get install -y chromium "
                 "chromium-driver (.ci/run does this)", allow_module_level=True)
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
@@ -73,7 +74,10 @@ def browser(tmp_path: Path) -> Iterator[Any]:
 
 
 def _wait(driver: Any, condition: Any, what: str, timeout: float = 20) -> Any:
-    return WebDriverWait(driver, timeout).until(condition, message=f"waiting for {what}")
+    # The page redraws its canvases on every answer: an element found a moment ago may be
+    # gone by the time its attribute is read (seen once on a loaded machine). Poll again.
+    return WebDriverWait(driver, timeout, ignored_exceptions=(
+        StaleElementReferenceException,)).until(condition, message=f"waiting for {what}")
 
 
 def _attr(driver: Any, css: str, name: str) -> str | None:
