@@ -651,7 +651,7 @@ def _tree(root: Path) -> dict[str, tuple[str, int, str]]:
     return found
 
 
-def _build(kind: str, argv: list[str], root: Path) -> subprocess.Popen[str]:
+def _build(argv: list[str], root: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "handformer", *argv], cwd=root, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -661,14 +661,14 @@ def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fixtures]:
     """The run folders the cases copy and damage, built by the CLI itself."""
     root = tmp_path_factory.mktemp("bad-input-fixtures")
     jobs = {
-        "lm": _build("lm", [*TRAIN, "--out", "lm"], root),
-        "clf": _build("clf", [*CLF_TRAIN, "--out", "clf"], root),
-        "s2s": _build("s2s", [*S2S_TRAIN, "--out", "s2s"], root),
+        "lm": _build([*TRAIN, "--out", "lm"], root),
+        "clf": _build([*CLF_TRAIN, "--out", "clf"], root),
+        "s2s": _build([*S2S_TRAIN, "--out", "s2s"], root),
     }
     for name, proc in jobs.items():
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, f"building the {name} fixture failed:\n{out[-3000:]}"
-    proc = _build("hf", ["convert", "--to", "hf", "lm", "hf"], root)
+    proc = _build(["convert", "--to", "hf", "lm", "hf"], root)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-3000:]
     with socket.socket() as busy:  # a port that is taken while the cases run
