@@ -31,7 +31,8 @@ from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
 from handformer.models.decoder_lm import DecoderLM
 from handformer.runs import save_run
-from handformer.runs.files import METRICS, SUMMARY
+from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
+from handformer.runs.files import METRICS, SUMMARY, TOKENIZER, WEIGHTS
 from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
     LossCurvePlot,
@@ -290,6 +291,20 @@ def train_lm(
                 sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
 
 
+def _check_covers(tokenizer: Tokenizer, text: str, path: Path) -> None:
+    """A character tokenizer is learned from the whole training text, so every character of
+    that text is in it; one that is not means ``path`` is another run's tokenizer, and
+    resuming would train on ``<unk>``."""
+    if not isinstance(tokenizer, CharTokenizer):
+        return  # byte-level BPE reads any text
+    unknown = sorted(set(text) - set(tokenizer.stoi))
+    if unknown:
+        shown = "".join(unknown[:20])
+        raise CheckpointError(f"{path} lacks {len(unknown)} character(s) of the training text "
+                              f"({shown!r}): it is not the tokenizer this run was trained "
+                              "with, and resuming would train on <unk>")
+
+
 def resume_lm(
     run_dir: str | Path,
     *,
@@ -322,6 +337,11 @@ def resume_lm(
             raise
         raise CheckpointError(f"{config_file} or tokenizer.json: cannot rebuild the run "
                               f"({type(err).__name__}: {err})") from None
+    # The files must belong together before anything is allocated or trained.
+    check_tokenizer_fits(tokenizer, model_cfg, info.path / TOKENIZER, config_file,
+                         error=CheckpointError)
+    check_weights_fit(build_skeleton(lambda: DecoderLM(model_cfg)), info.path / WEIGHTS,
+                      config_file, error=CheckpointError)
     if max_steps is not None:
         train_cfg = dataclasses.replace(train_cfg, max_steps=max_steps)
     if strategy is not None:
@@ -337,6 +357,7 @@ def resume_lm(
         text = load_recorded_text(data, run_dir)
     elif _fingerprint(text) != data.get("sha256"):
         raise ValueError(f"the text given differs from the one {run_dir} was trained on")
+    _check_covers(tokenizer, text, info.path / TOKENIZER)
     dist = distributed_context(train_cfg)
     model = DecoderLM(model_cfg)
     return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
