@@ -5,14 +5,29 @@ plain lines."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["Handler", "UsageError", "add_threads_option", "add_training_options", "positive_int",
-           "reporting", "training_overrides"]
+__all__ = [
+    "DROPOUT",
+    "FRACTION",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "PROBABILITY",
+    "Handler",
+    "UsageError",
+    "add_threads_option",
+    "add_training_options",
+    "finite_float",
+    "non_negative_int",
+    "positive_int",
+    "reporting",
+    "training_overrides",
+]
 
 
 class UsageError(ValueError):
@@ -32,10 +47,57 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0, or a usage error naming what was given."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text}")
+    return value
+
+
+def finite_float(low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number within the bounds (``low_open`` / ``high_open``
+    exclude them), else a usage error (exit 2) naming the option and the value given.
+
+    ``float()`` alone accepts ``nan``, ``inf`` and ``1e999``: NaN compares False with every
+    bound, so it slipped past every later range check (``--temperature nan`` sampled from
+    NaN, ``--lr inf`` trained a step and then failed writing JSON)."""
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+    wanted = "a finite number" + (f" {lo}" if lo else "") + (" and" if lo and hi else "") + \
+        (f" {hi}" if hi else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}; got {text!r}") from None
+        if (not math.isfinite(value)
+                or (low is not None and (value <= low if low_open else value < low))
+                or (high is not None and (value >= high if high_open else value > high))):
+            raise argparse.ArgumentTypeError(f"expected {wanted}; got {text!r}")
+        return value
+
+    parse.__name__ = "finite number"  # argparse's fallback message: "invalid finite number"
+    return parse
+
+
+# The ranges float options share (argparse types; each refuses nan and inf by name).
+POSITIVE = finite_float(0.0, low_open=True)  # learning rates, penalties
+NON_NEGATIVE = finite_float(0.0)  # temperature (0 = greedy)
+FRACTION = finite_float(0.0, 1.0, low_open=True, high_open=True)  # a validation share
+PROBABILITY = finite_float(0.0, 1.0, low_open=True)  # top-p
+DROPOUT = finite_float(0.0, 1.0, high_open=True)
+
+
 def add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None)
     p.add_argument("--batch-size", type=positive_int, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="linear warm-up steps (0 = none)")
     p.add_argument("--seed", type=int, default=None)

@@ -7,6 +7,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from handformer.cli.common import (
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    non_negative_int,
+    positive_int,
+)
+
 __all__ = ["register", "run_generate"]
 
 
@@ -19,11 +27,14 @@ def register(sub: Any) -> None:
                         help="one prompt per line, generated together as a batch")
     source.add_argument("--interactive", action="store_true",
                         help="read prompts from the terminal, one per line, until EOF")
-    gen.add_argument("--max-new-tokens", type=int, default=200)
-    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    gen.add_argument("--top-k", type=int, default=None)
-    gen.add_argument("--top-p", type=float, default=None)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--max-new-tokens", type=non_negative_int, default=200)
+    gen.add_argument("--temperature", type=NON_NEGATIVE, default=0.8,
+                     help="0 = greedy; a positive value below 1e-30 also decodes greedily "
+                     "(the limit as it goes to 0)")
+    gen.add_argument("--top-k", type=positive_int, default=None)
+    gen.add_argument("--top-p", type=PROBABILITY, default=None, help="in (0, 1]")
+    gen.add_argument("--repetition-penalty", type=POSITIVE, default=1.0,
+                     help="> 0; 1 = off, 1.1-1.3 discourages repeats")
     gen.add_argument("--stop", action="append", default=[],
                      help="stop before this string (repeatable)")
     gen.add_argument("--seed", type=int, default=None)
