@@ -134,6 +134,28 @@ def test_minilm_sentence_embeddings_equal_transformers() -> None:
     assert float(cat @ rug) > float(cat @ stocks) + 0.3  # real weights: paraphrases are close
 
 
+def test_an_over_long_sentence_is_cut_as_transformers_cuts_it_with_one_warning() -> None:
+    from handformer.data.classification import DataWarning
+
+    folder = minilm_path()
+    ours = SentenceEncoder.from_folder(folder)
+    long = " ".join(["word"] * 40)
+    with pytest.warns(DataWarning) as caught:
+        ours.embed([long, "hi", long + " more"], max_tokens=16)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    for needle in ("2 of 3 sentence(s)", "max_len=16", "first 16", "the longest has 43"):
+        assert needle in message, f"{needle!r} missing from: {message}"
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = hf(long, truncation=True, max_length=16)["input_ids"]
+    assert ours._truncated(long, 16) == ids and ids[-1] == hf.sep_token_id  # [SEP] kept
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours.embed([long], max_tokens=64)  # fits: silent
+
+
 def test_missing_minilm_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 

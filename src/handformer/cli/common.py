@@ -148,14 +148,15 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def reporting(command: str, fn: Handler) -> Handler:
-    """``fn`` run with ``--threads`` torch threads (restored afterwards) and its warnings
-    printed as ``handformer COMMAND: warning: …``."""
+    """``fn`` run with ``--threads`` torch threads (restored afterwards; a command without
+    the option keeps torch's count) and its warnings printed as
+    ``handformer COMMAND: warning: …``."""
 
     def run(args: argparse.Namespace) -> int:
         import torch
 
         threads = torch.get_num_threads()
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(getattr(args, "threads", threads))
         try:
             with _reported_warnings(f"handformer {command}"):
                 return fn(args)

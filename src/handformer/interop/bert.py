@@ -17,6 +17,7 @@ Shape legend: ``B`` batch, ``T`` tokens, ``C`` model dim.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from handformer.config import ModelConfig
+from handformer.data.classification import DataWarning
 from handformer.interop.gpt2 import ConversionError, check_float_tensors
 from handformer.models.encoder import Encoder, pool
 from handformer.tokenizers import HFTokenizer, load_tokenizer
@@ -194,11 +196,24 @@ class SentenceEncoder:
 
     @torch.no_grad()
     def embed(self, sentences: list[str], *, max_tokens: int | None = None) -> Tensor:
-        """sentences → (N, C) unit vectors, in one right-padded batch."""
+        """sentences → (N, C) unit vectors, in one right-padded batch.
+
+        A sentence longer than ``max_tokens`` (default: the model's ``max_len``, special
+        tokens included) is cut as Hugging Face cuts it — its first tokens, still closed by
+        [SEP] — with one ``DataWarning`` counting the cut sentences and the longest length.
+        """
         if not sentences:
             raise ValueError("give at least one sentence")
         limit = max_tokens or self.model.config.max_len
-        encoded = [self.tokenizer.encode(s, add_special_tokens=True)[:limit] for s in sentences]
+        encoded = [self.tokenizer.encode(s, add_special_tokens=True) for s in sentences]
+        long = [len(e) for e in encoded if len(e) > limit]
+        if long:
+            warnings.warn(f"{len(long)} of {len(encoded)} sentence(s) are longer than the "
+                          f"model's window (max_len={limit} tokens, [CLS] and [SEP] included) "
+                          f"and were cut to their first {limit} tokens; the longest has "
+                          f"{max(long)}", DataWarning, stacklevel=3)  # past no_grad's frame
+            encoded = [e if len(e) <= limit else self._truncated(s, limit)
+                       for s, e in zip(sentences, encoded, strict=True)]
         t = max(len(e) for e in encoded)
         ids = torch.full((len(encoded), t), self.tokenizer.pad_id, dtype=torch.long)
         mask = torch.zeros((len(encoded), t), dtype=torch.bool)
@@ -207,3 +222,13 @@ class SentenceEncoder:
             mask[row, : len(e)] = True
         hidden = self.model(ids, mask)  # (N, T, C)
         return F.normalize(pool(hidden, mask, "mean"), dim=-1)  # (N, C)
+
+    def _truncated(self, sentence: str, limit: int) -> list[int]:
+        """The first ``limit`` ids, cut by the tokenizer itself: the template's closing [SEP]
+        stays, as in Hugging Face's ``truncation=True``."""
+        backend = self.tokenizer.backend
+        backend.enable_truncation(max_length=limit)
+        try:
+            return list(backend.encode(sentence, add_special_tokens=True).ids)
+        finally:
+            backend.no_truncation()
