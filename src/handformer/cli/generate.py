@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from handformer.cli.common import (
     PROBABILITY,
     non_negative_int,
     positive_int,
+    reporting,
 )
 
 __all__ = ["register", "run_generate"]
@@ -44,7 +46,8 @@ def register(sub: Any) -> None:
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                      help="cast the model for inference (bfloat16: half the weight traffic; "
                      "logits differ from float32 in the 2nd–3rd digit)")
-    gen.set_defaults(handler=run_generate)
+    # warnings (unknown characters, a prompt cropped to the window) as plain lines
+    gen.set_defaults(handler=reporting("generate", run_generate))
 
 
 def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
@@ -53,8 +56,10 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
         return
     unknown = sorted({ch for p in prompts for ch in p if ch not in vocabulary})
     if unknown:
-        print(f"warning: {len(unknown)} character(s) not in the model's vocabulary are read "
-              f"as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)
+        from handformer.data.classification import DataWarning
+
+        warnings.warn(f"{len(unknown)} character(s) not in the model's vocabulary are read "
+                      f"as <unk>: {''.join(unknown[:20])!r}", DataWarning, stacklevel=2)
 
 
 def run_generate(args: argparse.Namespace) -> int:
