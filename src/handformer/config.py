@@ -95,8 +95,8 @@ def _check_types(config: Any) -> None:
         value, where = getattr(config, f.name), f"{cls}.{f.name}"
         kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
         if kind == "bool" and not isinstance(value, bool):
-            raise ValueError(f"{where} must be true or false (a JSON boolean, unquoted); got "
-                             f"{value!r}")
+            raise ValueError(f"{where} must be true or false; got {value!r} (a JSON "
+                             "boolean: true or false, unquoted)")
         if kind == "int":
             if not _is_int(value):
                 raise ValueError(f"{where} must be an integer; got {value!r}")
@@ -159,7 +159,6 @@ class ModelConfig(_DictMixin):
     type_vocab_size: int = 0
 
     def __post_init__(self) -> None:
-        _check_types(self)
         if self.d_ff == 0:
             self.d_ff = 4 * self.d_model
         if self.n_kv_heads == 0:
@@ -167,8 +166,9 @@ class ModelConfig(_DictMixin):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len",
                      "n_kv_heads"):
             value = getattr(self, name)
-            if value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
+        _check_types(self)
         for name, limit in MODEL_LIMITS.items():
             if getattr(self, name) > limit:
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)} is beyond the "
@@ -247,16 +247,16 @@ class TrainConfig(_DictMixin):
     strategy: str = "ddp"
 
     def __post_init__(self) -> None:
-        _check_types(self)  # also: betas from JSON (a list) becomes a tuple
         for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
                      "log_interval", "grad_accum_steps", "keep_last", "max_nonfinite_steps"):
             value = getattr(self, name)
-            if value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
         for name in ("warmup_steps", "checkpoint_interval", "early_stopping_patience"):
             value = getattr(self, name)
-            if value < 0:
+            if not _is_int(value) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be an int >= 0; got {value!r}")
+        _check_types(self)  # the other fields; betas from JSON (a list) becomes a tuple
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"TrainConfig.val_fraction must be in (0, 1); got "
                              f"{self.val_fraction}")
@@ -315,10 +315,10 @@ class ClassifierConfig:
 
     def __post_init__(self) -> None:
         self.encoder = _sub_config(self.encoder, "ClassifierConfig.encoder")
-        _check_types(self)
-        if self.num_classes < 2:
+        if not _is_int(self.num_classes) or self.num_classes < 2:
             raise ValueError(f"ClassifierConfig.num_classes must be an int >= 2; got "
                              f"{self.num_classes!r}")
+        _check_types(self)
         if self.pooling not in POOLING_KINDS:
             raise ValueError(f"pooling={self.pooling!r} is not one of {POOLING_KINDS}")
         if not 0.0 <= self.head_dropout < 1.0:
