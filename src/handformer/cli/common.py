@@ -10,24 +10,13 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "DROPOUT",
-    "FRACTION",
-    "NON_NEGATIVE",
-    "POSITIVE",
-    "PROBABILITY",
-    "Handler",
-    "UsageError",
-    "add_threads_option",
-    "add_training_options",
-    "finite_float",
-    "non_negative_int",
-    "positive_int",
-    "reporting",
-    "training_overrides",
-]
+__all__ = ["DROPOUT", "FRACTION", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "Handler",
+           "UsageError", "add_overwrite_option", "add_threads_option", "add_training_options",
+           "check_output_file", "finite_float", "folder_arg", "non_negative_int",
+           "positive_int", "reporting", "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -92,6 +81,37 @@ NON_NEGATIVE = finite_float(0.0)  # temperature (0 = greedy)
 FRACTION = finite_float(0.0, 1.0, low_open=True, high_open=True)  # a validation share
 PROBABILITY = finite_float(0.0, 1.0, low_open=True)  # top-p
 DROPOUT = finite_float(0.0, 1.0, high_open=True)
+
+
+def folder_arg(text: str) -> Path:
+    """argparse type for a folder path: an empty or blank string is a usage error naming the
+    option (``Path("")`` would quietly mean the current folder, and a command would write —
+    or clean — there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path; got an empty path {text!r} "
+                                         "(use '.' to mean the current folder)")
+    return Path(text)
+
+
+def add_overwrite_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--overwrite``: write into ``what`` even if it is not a new or empty folder or one
+    this command wrote before (``handformer.runs.writing_folder``)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"write into {what} even if it holds files handformer did not write, "
+                        "another kind of output or an unfinished run; only files handformer "
+                        "wrote are ever removed")
+
+
+def check_output_file(path: Path, option: str, *, overwrite: bool,
+                      ours: Callable[[Path], bool] | None = None) -> None:
+    """Refuse (``ValueError``, a runtime refusal) to replace an existing file a command did
+    not write: ``ours(path)`` says when it did; ``overwrite`` allows it anyway. A folder
+    where the file should go is refused too."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the path of a file to write")
+    if path.exists() and not overwrite and not (ours is not None and ours(path)):
+        raise ValueError(f"{option} {path} exists and handformer did not write it; give a "
+                         "new file, or pass --overwrite to replace it")
 
 
 def add_training_options(p: argparse.ArgumentParser) -> None:

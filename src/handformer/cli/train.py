@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import DROPOUT, POSITIVE, positive_int
+from handformer.cli.common import DROPOUT, POSITIVE, add_overwrite_option, folder_arg, positive_int
 
 __all__ = ["register"]
 
@@ -26,16 +26,16 @@ def register(sub: Any) -> None:
         "folder; --resume RUN_DIR continues a run exactly from its newest checkpoint.")
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: Python's built-in documentation text)")
-    train.add_argument("--out", type=Path, default=None,
-                       help="run folder to write (default: runs/default)")
+    train.add_argument("--out", type=folder_arg, default=None,
+                       help="run folder to write: new, empty, or a run folder of `train` "
+                       "(default: runs/default)")
     train.add_argument("--preset", default=None, choices=sorted(PRESETS),
                        help="model + training recipe (default: default)")
-    train.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
+    train.add_argument("--resume", type=folder_arg, default=None, metavar="RUN_DIR",
                        help="continue RUN_DIR from its newest checkpoint; the recipe, "
                        "tokenizer and data come from the run folder (only --max-steps and "
                        "--no-progress may be given)")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace an unfinished run in --out instead of refusing")
+    add_overwrite_option(train, "--out")
     train.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
                        help="characters (default) or a byte-level BPE learned on the text")
     train.add_argument("--vocab-size", type=positive_int, default=None,
@@ -105,15 +105,17 @@ def _is_main_process() -> bool:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from handformer.train.distributed import shutdown_distributed
+    import torch.distributed as torch_dist
 
-    run = None
     try:
-        code, run = _train(args)
+        code, _ = _train(args)
         return code
     finally:
-        if run is not None:
-            shutdown_distributed(run.dist)
+        # Leave torchrun's process group also when the job failed after joining it (rank 0
+        # refused the run folder): a process that exits in it aborts in the backend's
+        # destructor ("terminate called without an active exception").
+        if torch_dist.is_available() and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
 
 
 def _train(args: argparse.Namespace) -> tuple[int, Any]:

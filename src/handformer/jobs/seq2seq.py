@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,14 @@ from handformer.data.seq2seq import Seq2SeqBatch, collate_pairs, encode_sources
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import lm_loss
 from handformer.models.seq2seq import EncoderDecoder, greedy_decode
-from handformer.runs import load_run, save_run
+from handformer.runs import (
+    SEQ2SEQ_FOLDER,
+    check_destination,
+    folder_path,
+    load_run,
+    save_run,
+    writing_folder,
+)
 from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.tokenizers import CharTokenizer
 from handformer.train.callbacks import MetricsWriter
@@ -151,8 +159,17 @@ def train_seq2seq(
     model_overrides: dict[str, Any] | None = None,
     train_overrides: dict[str, Any] | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Seq2SeqRun:
-    """Train an ``EncoderDecoder`` on a built-in task; held-out exact match at the end."""
+    """Train an ``EncoderDecoder`` on a built-in task; held-out exact match at the end.
+
+    ``out_dir`` (None: write nothing) must be new, empty or a seq2seq run (replaced);
+    anything else is refused with a ``RunFolderError`` before training unless ``overwrite``
+    (``runs.writing_folder``: even then only handformer's own files are removed). It is
+    locked while the job writes."""
+    run_dir = None if out_dir is None else folder_path(out_dir)
+    if run_dir is not None:
+        check_destination(run_dir, SEQ2SEQ_FOLDER, overwrite=overwrite)
     if task not in SEQ2SEQ_TASKS:
         raise ValueError(f"unknown seq2seq task {task!r}; expected one of {sorted(SEQ2SEQ_TASKS)}")
     spec = SEQ2SEQ_TASKS[task]
@@ -180,36 +197,38 @@ def train_seq2seq(
 
     val_batches = [collate_pairs(val_pairs[i : i + 256], tokenizer)
                    for i in range(0, len(val_pairs), 256)]
-    run_dir = None if out_dir is None else Path(out_dir)
-    evaluator = Seq2SeqEvalLog(model, tokenizer, val_pairs,
-                               None if run_dir is None else run_dir / METRICS)
-    trainer = Trainer(model, train_cfg, train_batch=train_batch, val_batches=val_batches,
-                      loss_fn=lm_loss, forward_fn=seq2seq_forward, callbacks=[evaluator],
-                      progress=progress)
-    start = time.perf_counter()
-    result = trainer.fit()
-    summary = {
-        "task": task,
-        "description": spec.description,
-        "min_len": min_len,
-        "max_len": max_len,
-        "num_val": len(val_pairs),
-        "val_exact_match": exact_match(model, tokenizer, val_pairs),
-        "final_val_loss": result.final_val_loss,
-        "seconds": time.perf_counter() - start,
-        "median_step_ms": result.median_step_ms,
-        "parameters": model.num_parameters(),
-        "examples": [{"source": s, "target": t, "output": o} for (s, t), o in
-                     zip(val_pairs[:5], translate(model, tokenizer,
-                                                  [s for s, _ in val_pairs[:5]], warn=False),
-                         strict=True)],
-    }
-    if run_dir is not None:
-        save_run(run_dir, model, tokenizer, train_cfg,
-                 extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
-                                "summary": summary})
-        write_json(run_dir / SUMMARY, summary)
-    return Seq2SeqRun(run_dir, model, tokenizer, train_cfg, result, summary, evaluator.history)
+    with ExitStack() as held:
+        if run_dir is not None:  # claimed and locked until the run folder is complete
+            held.enter_context(writing_folder(run_dir, SEQ2SEQ_FOLDER, overwrite=overwrite))
+        evaluator = Seq2SeqEvalLog(model, tokenizer, val_pairs,
+                                   None if run_dir is None else run_dir / METRICS)
+        trainer = Trainer(model, train_cfg, train_batch=train_batch, val_batches=val_batches,
+                          loss_fn=lm_loss, forward_fn=seq2seq_forward, callbacks=[evaluator],
+                          progress=progress)
+        start = time.perf_counter()
+        result = trainer.fit()
+        summary = {
+            "task": task,
+            "description": spec.description,
+            "min_len": min_len,
+            "max_len": max_len,
+            "num_val": len(val_pairs),
+            "val_exact_match": exact_match(model, tokenizer, val_pairs),
+            "final_val_loss": result.final_val_loss,
+            "seconds": time.perf_counter() - start,
+            "median_step_ms": result.median_step_ms,
+            "parameters": model.num_parameters(),
+            "examples": [{"source": s, "target": t, "output": o} for (s, t), o in
+                         zip(val_pairs[:5], translate(model, tokenizer,
+                                                      [s for s, _ in val_pairs[:5]], warn=False),
+                             strict=True)],
+        }
+        if run_dir is not None:
+            save_run(run_dir, model, tokenizer, train_cfg,
+                     extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
+                                    "summary": summary})
+            write_json(run_dir / SUMMARY, summary)
+        return Seq2SeqRun(run_dir, model, tokenizer, train_cfg, result, summary, evaluator.history)
 
 
 @dataclass
