@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.cli.common import (
+    FRACTION,
     add_overwrite_option,
     add_threads_option,
     add_training_options,
@@ -33,7 +34,8 @@ def register(subparsers: Any) -> None:
                     help="CSV/TSV/JSONL with a text and a label column")
     ct.add_argument("--val", type=Path, default=None,
                     help="validation file (default: hold out --val-fraction of --data)")
-    ct.add_argument("--val-fraction", type=float, default=0.1)
+    ct.add_argument("--val-fraction", type=FRACTION, default=0.1,
+                    help="share held out for validation, in (0, 1) (default 0.1)")
     ct.add_argument("--text-col", default="text")
     ct.add_argument("--label-col", default="label")
     ct.add_argument("--out", type=folder_arg, default=Path("runs/classify"),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import add_overwrite_option, folder_arg
+from handformer.cli.common import POSITIVE, add_overwrite_option, folder_arg
 
 __all__ = ["build_subject", "register", "run_doctor"]
 
@@ -57,7 +57,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                      help="rows in the probe batch (default 4)")
     doc.add_argument("--block-size", type=_positive_int, default=None,
                      help="tokens per row (default: the recipe's block size, ≤ max_len)")
-    doc.add_argument("--lr", type=float, default=None,
+    doc.add_argument("--lr", type=POSITIVE, default=None,
                      help="learning rate for the update-ratio and overfit checks (default: the "
                      "recipe's)")
     doc.add_argument("--learning-steps", type=_positive_int, default=60,

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import add_overwrite_option, folder_arg, positive_int
+from handformer.cli.common import DROPOUT, POSITIVE, add_overwrite_option, folder_arg, positive_int
 
 __all__ = ["register"]
 
@@ -45,9 +45,9 @@ def register(sub: Any) -> None:
                        help="micro-batch size (windows per forward pass)")
     train.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
                        help="accumulate N micro-batches per optimizer step")
-    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
     train.add_argument("--seed", type=int, default=None)
-    train.add_argument("--dropout", type=float, default=None)
+    train.add_argument("--dropout", type=DROPOUT, default=None, help="in [0, 1)")
     train.add_argument("--device", default=None, help="auto (default), cpu, cuda, mps")
     train.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "

@@ -81,11 +81,11 @@ def import_gpt2_folder(src: str | Path, run_dir: str | Path, *,
     state = _read_state_dict(src)
     if not any(k.startswith("transformer.") for k in state):  # a bare GPT2Model checkpoint
         state = {f"transformer.{k}": v for k, v in state.items()}
-    model = from_gpt2_state_dict(state, hf_config)
+    model = from_gpt2_state_dict(state, hf_config, source=str(src))
     tokenizer = load_tokenizer(src / "tokenizer.json")
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ConversionError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                              f"{model.config.vocab_size}")
+        raise ConversionError(f"{src / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but "
+                              f"{config_path} says vocab_size={model.config.vocab_size}")
     with writing_folder(run_dir, spec, overwrite=overwrite):
         return save_run(run_dir, model, tokenizer,
                         extra={"converted_from": str(src.resolve())})

@@ -42,7 +42,8 @@ from handformer.runs import (
     save_run,
     writing_folder,
 )
-from handformer.runs.files import METRICS, SUMMARY
+from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
+from handformer.runs.files import METRICS, SUMMARY, TOKENIZER, WEIGHTS
 from handformer.runs.guard import CHECKPOINTS, LOSS_CURVE, TENSORBOARD
 from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
@@ -302,6 +303,20 @@ def train_lm(
                     sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
 
 
+def _check_covers(tokenizer: Tokenizer, text: str, path: Path) -> None:
+    """A character tokenizer is learned from the whole training text, so every character of
+    that text is in it; one that is not means ``path`` is another run's tokenizer, and
+    resuming would train on ``<unk>``."""
+    if not isinstance(tokenizer, CharTokenizer):
+        return  # byte-level BPE reads any text
+    unknown = sorted(set(text) - set(tokenizer.stoi))
+    if unknown:
+        shown = "".join(unknown[:20])
+        raise CheckpointError(f"{path} lacks {len(unknown)} character(s) of the training text "
+                              f"({shown!r}): it is not the tokenizer this run was trained "
+                              "with, and resuming would train on <unk>")
+
+
 def resume_lm(
     run_dir: str | Path,
     *,
@@ -334,6 +349,11 @@ def resume_lm(
             raise
         raise CheckpointError(f"{config_file} or tokenizer.json: cannot rebuild the run "
                               f"({type(err).__name__}: {err})") from None
+    # The files must belong together before anything is allocated or trained.
+    check_tokenizer_fits(tokenizer, model_cfg, info.path / TOKENIZER, config_file,
+                         error=CheckpointError)
+    check_weights_fit(build_skeleton(lambda: DecoderLM(model_cfg)), info.path / WEIGHTS,
+                      config_file, error=CheckpointError)
     if max_steps is not None:
         train_cfg = dataclasses.replace(train_cfg, max_steps=max_steps)
     if strategy is not None:
@@ -349,6 +369,7 @@ def resume_lm(
         text = load_recorded_text(data, run_dir)
     elif _fingerprint(text) != data.get("sha256"):
         raise ValueError(f"the text given differs from the one {run_dir} was trained on")
+    _check_covers(tokenizer, text, info.path / TOKENIZER)
     dist = distributed_context(train_cfg)
     with ExitStack() as held:
         # Locked (not claimed: the run continues in place) until the run folder is complete.

@@ -14,6 +14,7 @@ Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``V`` vocab
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from torch import Tensor, nn
 
 from handformer.config import SEQ2SEQ_PRESET, ModelConfig, Seq2SeqConfig, TrainConfig
 from handformer.data import Batch
+from handformer.data.classification import DataWarning
 from handformer.data.padding import pad_sequences
 from handformer.data.seq2seq import Seq2SeqBatch, collate_pairs, encode_sources
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
@@ -60,29 +62,58 @@ def seq2seq_forward(model: nn.Module, batch: Batch) -> Tensor:
     return model(batch.src, batch.ids, batch.src_mask, batch.padding_mask)
 
 
+def _fit_sources(src: list[list[int]], window: int, eos_id: int,
+                 warn: bool) -> list[list[int]]:
+    """Sources cut to the encoder's window (their first characters, still ending in
+    ``<eos>``); with ``warn``, one ``DataWarning`` counts them. Past its window an encoder
+    with learned positions fails and the others read positions they never trained on."""
+    long = [len(ids) for ids in src if len(ids) > window]
+    if long and warn:
+        warnings.warn(f"{len(long)} of {len(src)} source(s) are longer than the encoder's "
+                      f"window (max_len={window} tokens, <eos> included) and were cut to "
+                      f"their first {window - 1} characters; the longest has {max(long)} "
+                      "tokens", DataWarning, stacklevel=3)
+    return [ids if len(ids) <= window else [*ids[: window - 1], eos_id] for ids in src]
+
+
 @torch.no_grad()
 def translate(model: EncoderDecoder, tokenizer: CharTokenizer, sources: Sequence[str], *,
-              max_new_tokens: int | None = None, batch_size: int = 256) -> list[str]:
-    """Greedy outputs for ``sources`` (decoding stops at ``<eos>``)."""
+              max_new_tokens: int | None = None, batch_size: int = 256,
+              warn: bool = True) -> list[str]:
+    """Greedy outputs for ``sources`` (decoding stops at ``<eos>``).
+
+    Sources longer than the encoder's window are cut to it; outputs are at most the
+    decoder's window (or ``max_new_tokens``) long. With ``warn`` (default) each cut is
+    one ``DataWarning`` with the lengths: sources cut, and outputs that filled the window
+    without an ``<eos>`` (so may be cut short). Evaluation during training passes False.
+    """
     device = next(model.parameters()).device
     limit = max_new_tokens or model.config.decoder.max_len
     outputs: list[str] = []
+    unfinished = 0
     for start in range(0, len(sources), batch_size):
-        src = encode_sources(sources[start : start + batch_size], tokenizer)
+        src = _fit_sources(encode_sources(sources[start : start + batch_size], tokenizer),
+                           model.config.encoder.max_len, tokenizer.eos_id, warn)
         src_ids, src_mask = pad_sequences(src, tokenizer.pad_id)  # (B, S), (B, S)
         out = greedy_decode(model, src_ids.to(device), src_mask.to(device),
                             bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                             max_new_tokens=limit, pad_id=tokenizer.pad_id)  # (B, N)
         for row in out.tolist():
             cut = row.index(tokenizer.eos_id) if tokenizer.eos_id in row else len(row)
+            unfinished += cut == limit
             outputs.append(tokenizer.decode(row[:cut]))
+    if unfinished and warn:
+        warnings.warn(f"{unfinished} of {len(sources)} output(s) filled the decoder's window "
+                      f"({limit} tokens) without <eos> and may be cut short", DataWarning,
+                      stacklevel=3)
     return outputs
 
 
 def exact_match(model: EncoderDecoder, tokenizer: CharTokenizer,
                 pairs: Sequence[tuple[str, str]]) -> float:
-    """Share of pairs whose greedy output equals the target exactly."""
-    predicted = translate(model, tokenizer, [s for s, _ in pairs])
+    """Share of pairs whose greedy output equals the target exactly (no warnings: an
+    untrained model runs to the window all the time)."""
+    predicted = translate(model, tokenizer, [s for s, _ in pairs], warn=False)
     return sum(p == t for p, (_, t) in zip(predicted, pairs, strict=True)) / max(len(pairs), 1)
 
 
@@ -189,7 +220,8 @@ def train_seq2seq(
             "parameters": model.num_parameters(),
             "examples": [{"source": s, "target": t, "output": o} for (s, t), o in
                          zip(val_pairs[:5], translate(model, tokenizer,
-                                                      [s for s, _ in val_pairs[:5]]), strict=True)],
+                                                      [s for s, _ in val_pairs[:5]], warn=False),
+                             strict=True)],
         }
         if run_dir is not None:
             save_run(run_dir, model, tokenizer, train_cfg,

@@ -39,6 +39,7 @@ from torch import nn
 
 from handformer.atomic import atomic_write_text, fsync_dir
 from handformer.train.state import TrainerState
+from handformer.train.tensor_file import TensorFileError, check_tensor_file
 
 __all__ = [
     "MARKER", "PHASES", "CheckpointError", "CheckpointInfo", "CheckpointManager", "PhaseHook",
@@ -321,11 +322,16 @@ def read_trainer_state(path: str | Path, *, verify: bool = True) -> TrainerState
 
 def load_weights(model: nn.Module, path: str | Path, *, verify: bool = True) -> None:
     """Load ``model.safetensors`` from a checkpoint into ``model`` (strict: every name, every
-    shape must match)."""
+    shape must match, and a float weight is never filled from an integer tensor — checked
+    from the header before anything is read; see ``train.tensor_file``)."""
     path = Path(path)
     if verify:
         verify_checkpoint(path)
     file = path / WEIGHTS
+    try:  # names, shapes and dtypes from the header first: copy_ would cast ints silently
+        check_tensor_file(model, file)
+    except TensorFileError as err:
+        raise CheckpointError(str(err)) from None
     device = next(model.parameters()).device
     try:
         missing, unexpected = load_model(model, str(file), strict=False, device=str(device))
