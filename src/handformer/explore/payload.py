@@ -11,14 +11,10 @@ import math
 import reprlib
 from typing import Any
 
-__all__ = ["MIN_TEMPERATURE", "InputError", "get_bool", "get_float", "get_int",
-           "get_optional_int", "get_str", "get_str_list", "get_temperature", "shown"]
+__all__ = ["InputError", "get_bool", "get_float", "get_int", "get_optional_int", "get_str",
+           "get_str_list", "shown"]
 
 _MISSING = object()
-# Below this, logits / temperature overflows float32 for ordinary logits (and sampling is
-# greedy in all but name anyway): 0 means greedy, anything in (0, MIN_TEMPERATURE) is refused.
-MIN_TEMPERATURE = 1e-3
-MAX_TEMPERATURE = 100.0
 
 _repr = reprlib.Repr()
 _repr.maxstring = _repr.maxother = 80
@@ -89,15 +85,6 @@ def get_bool(body: dict[str, Any], name: str, default: Any = _MISSING) -> bool:
     value = _field(body, name, default)
     if not isinstance(value, bool):
         raise InputError(f"{name!r} must be true or false; got {shown(value)}")
-    return value
-
-
-def get_temperature(body: dict[str, Any], name: str, default: Any = _MISSING) -> float:
-    """A sampling temperature: 0 (greedy) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]."""
-    value = get_float(body, name, 0.0, MAX_TEMPERATURE, default=default)
-    if 0 < value < MIN_TEMPERATURE:
-        raise InputError(f"{name!r} must be 0 (greedy) or at least {MIN_TEMPERATURE:g}; got "
-                         f"{value:g}, which would overflow the logits")
     return value
 
 

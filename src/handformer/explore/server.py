@@ -47,11 +47,11 @@ from handformer.explore.explorer import MAX_BATCH, Explorer
 from handformer.explore.generation import Generator
 from handformer.explore.payload import (
     InputError,
+    get_float,
     get_int,
     get_optional_int,
     get_str,
     get_str_list,
-    get_temperature,
     shown,
 )
 
@@ -178,7 +178,8 @@ class ExploreServer(ThreadingHTTPServer):
                 get_int(b, "seed", 0, 2**63 - 1, default=0)),
             "/api/generate/step": lambda b: gen.step(
                 get_str(b, "session"), _layer(b, ex), _head(b),
-                get_temperature(b, "temperature", default=1.0),
+                # any finite temperature in [0, 100]: sample_next decodes tiny ones greedily
+                get_float(b, "temperature", 0.0, 100.0, default=1.0),
                 get_optional_int(b, "top_k", 1, 1 << 30)),
             "/api/generate/view": lambda b: gen.show(
                 get_str(b, "session"), _layer(b, ex), _head(b)),
