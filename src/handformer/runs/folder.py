@@ -1,0 +1,169 @@
+"""THE run folder: one ``save_run`` and one ``load_run`` for every kind of model.
+
+    RUN_DIR/
+      model.safetensors   weights (tensors only)
+      config.json         {KIND_KEY: the model's config, "train": TrainConfig, ...}
+      tokenizer.json      the tokenizer
+      labels.json         the label vocabulary (classifier runs only)
+      metrics.jsonl, summary.json, …   what the job that trained it wrote
+
+What a folder holds is said by the one key of ``config.json`` that names its model's config:
+``"model"`` (a ``DecoderLM``, written by ``handformer train``), ``"classifier"`` (an
+``EncoderClassifier``, ``handformer classify train``) or ``"seq2seq"`` (an
+``EncoderDecoder``, ``handformer seq2seq train``). ``load_run`` reads that key, rebuilds the
+model from its config and loads the weights strictly; nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import nn
+
+from handformer.config import ModelConfig, TrainConfig
+from handformer.data.classification import DatasetError, LabelVocab
+from handformer.models.decoder_lm import DecoderLM
+from handformer.config import ClassifierConfig
+from handformer.models.encoder import EncoderClassifier
+from handformer.config import Seq2SeqConfig
+from handformer.models.seq2seq import EncoderDecoder
+from handformer.runs.files import (
+    CONFIG,
+    LABELS,
+    TOKENIZER,
+    WEIGHTS,
+    RunFolderError,
+    check_run_dir,
+    load_weights,
+    read_json,
+    save_weights,
+    write_json,
+)
+from handformer.tokenizers import Tokenizer, load_tokenizer
+
+__all__ = ["RUN_KINDS", "Run", "RunKind", "load_run", "run_kind", "save_run"]
+
+RunKind = Literal["lm", "classifier", "seq2seq"]
+# kind → (the config.json key holding the model's config, the command that writes it)
+RUN_KINDS: dict[str, tuple[str, str]] = {
+    "lm": ("model", "handformer train"),
+    "classifier": ("classifier", "handformer classify train"),
+    "seq2seq": ("seq2seq", "handformer seq2seq train"),
+}
+
+
+@dataclass
+class Run:
+    """A loaded run folder. ``model`` is in eval mode on the requested device; ``labels`` is
+    set for classifier runs only; ``config`` is the whole ``config.json``."""
+
+    run_dir: Path
+    kind: RunKind
+    model: nn.Module
+    tokenizer: Tokenizer
+    config: dict[str, Any]
+    labels: LabelVocab | None = None
+
+
+def _kind_of_model(model: nn.Module) -> RunKind:
+    if isinstance(model, DecoderLM):
+        return "lm"
+    if isinstance(model, EncoderClassifier):
+        return "classifier"
+    if isinstance(model, EncoderDecoder):
+        return "seq2seq"
+    raise TypeError(f"save_run takes a DecoderLM, EncoderClassifier or EncoderDecoder; "
+                    f"got {type(model).__name__}")
+
+
+def save_run(
+    run_dir: str | Path,
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    train_config: TrainConfig | None = None,
+    *,
+    labels: LabelVocab | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write weights, ``config.json`` (the model's config under its kind's key, the training
+    recipe and ``extra``), the tokenizer and, for a classifier, ``labels``. Each file is
+    replaced atomically."""
+    kind = _kind_of_model(model)
+    if (kind == "classifier") != (labels is not None):
+        raise ValueError("labels are saved with (and only with) a classifier run")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key = RUN_KINDS[kind][0]
+    config = {key: model.config.to_dict(),  # type: ignore[operator]
+              "train": None if train_config is None else train_config.to_dict(),
+              **(extra or {})}
+    save_weights(model, run_dir / WEIGHTS)
+    write_json(run_dir / CONFIG, config)
+    tokenizer.save(run_dir / TOKENIZER)
+    if labels is not None:
+        labels.save(run_dir / LABELS)
+    return run_dir
+
+
+def run_kind(config: dict[str, Any], path: Path) -> RunKind:
+    """Which kind of run a ``config.json`` describes (``path`` names it in the error)."""
+    for kind, (key, _) in RUN_KINDS.items():
+        if isinstance(config.get(key), dict):
+            return kind  # type: ignore[return-value]
+    keys = ", ".join(repr(key) for key, _ in RUN_KINDS.values())
+    raise RunFolderError(f"{path} describes no handformer model: expected one of the keys "
+                         f"{keys}; its top-level keys are {sorted(config)}")
+
+
+def _build(kind: RunKind, model_config: dict[str, Any]) -> nn.Module:
+    if kind == "lm":
+        return DecoderLM(ModelConfig.from_dict(model_config))
+    if kind == "classifier":
+        return EncoderClassifier(ClassifierConfig.from_dict(model_config))
+    return EncoderDecoder(Seq2SeqConfig.from_dict(model_config))
+
+
+def load_run(run_dir: str | Path, *, device: str = "cpu",
+             kind: RunKind | tuple[RunKind, ...] | None = None) -> Run:
+    """Rebuild the model a run folder describes and load its weights and tokenizer.
+
+    ``kind`` states what the caller can use (``handformer generate`` needs ``"lm"``; the
+    explorer takes ``("lm", "classifier")``): a folder of another kind is refused by name,
+    before anything is built. Raises ``RunFolderError`` naming the file for a
+    missing folder or file, unreadable JSON, a config that does not build, a tokenizer that
+    does not load, or weights that do not fit the config.
+    """
+    run_dir = check_run_dir(run_dir, (WEIGHTS, CONFIG, TOKENIZER))
+    config = read_json(run_dir / CONFIG)
+    found = run_kind(config, run_dir / CONFIG)
+    wanted = (kind,) if isinstance(kind, str) else kind
+    if wanted is not None and found not in wanted:
+        needed = " or ".join(f"a {k} run (written by `{RUN_KINDS[k][1]}`)" for k in wanted)
+        raise RunFolderError(f"{run_dir} holds a {found} run (written by "
+                             f"`{RUN_KINDS[found][1]}`); this needs {needed}")
+    key = RUN_KINDS[found][0]
+    try:
+        model = _build(found, config[key])
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunFolderError(f"{run_dir / CONFIG}: cannot rebuild the model from {key!r} "
+                             f"({type(err).__name__}: {err})") from None
+    try:
+        tokenizer = load_tokenizer(run_dir / TOKENIZER)
+    except (KeyError, TypeError, ValueError, OSError) as err:
+        raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
+                             f"({type(err).__name__}: {err})") from None
+    labels = None
+    if found == "classifier":
+        check_run_dir(run_dir, (LABELS,))
+        try:
+            labels = LabelVocab.load(run_dir / LABELS)
+        except (DatasetError, ValueError, OSError) as err:
+            raise RunFolderError(f"{run_dir / LABELS}: cannot read the labels ({err})") from None
+        classes = model.config.num_classes  # type: ignore[union-attr]
+        if len(labels) != classes:
+            raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
+                                 f"model has {classes} classes")
+    load_weights(model, run_dir / WEIGHTS, device=device)
+    return Run(run_dir, found, model.to(device).eval(), tokenizer, config, labels)
