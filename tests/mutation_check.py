@@ -74,6 +74,27 @@ MUTANTS: tuple[Mutant, ...] = (
         "scores not scaled by 1/√D in the reference kernel",
     ),
     Mutant(
+        "sdpa_drops_the_mask", "nn/attention.py",
+        "        attn_mask = mask\n",
+        "        attn_mask = None\n",
+        ("tests/nn/test_attention.py",),
+        "the fused kernel ignores padding (and end-aligned causal) masks",
+    ),
+    Mutant(
+        "cached_key_mask_dropped", "models/decoder_lm.py",
+        "mask = combine_masks(cache.key_mask[:, :end]) if cache.has_padding else None",
+        "mask = None",
+        ("tests/test_generate.py",),
+        "cached decoding forgets that a left-padded prompt's padding must not be attended",
+    ),
+    Mutant(
+        "step_positions_restart", "nn/kv_cache.py",
+        "            positions = self.next_position[:, None].clone()  # (B, 1)",
+        "            positions = torch.zeros_like(self.next_position[:, None])  # (B, 1)",
+        ("tests/test_generate.py",),
+        "each cached step gets position 0 instead of continuing after the prompt",
+    ),
+    Mutant(
         "causal_mask_flipped", "masks.py",
         "    return cols <= rows  # (T, S)",
         "    return cols >= rows  # (T, S)",
