@@ -29,6 +29,7 @@ from handformer.config import ModelConfig, TrainConfig, get_preset
 from handformer.data import LMWindows, train_val_split
 from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
+from handformer.models.budget import TEXT_BYTES_PER_CHAR, check_training
 from handformer.models.decoder_lm import DecoderLM
 from handformer.runs import save_run
 from handformer.runs.files import METRICS, SUMMARY
@@ -89,6 +90,17 @@ def build_configs(
         raise ValueError(f"training window block_size={train_cfg.block_size} exceeds the model's "
                          f"max_len={model_cfg.max_len}")
     return model_cfg, train_cfg
+
+
+def check_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, text_chars: int) -> None:
+    """Refuse (``MemoryBudgetError``) a run whose model, optimizer, micro-batch, validation
+    batches and tokenized text cannot fit in memory — before any of them is allocated."""
+    b, t = train_cfg.batch_size, train_cfg.block_size
+    host = {"the text's token ids": text_chars * TEXT_BYTES_PER_CHAR,
+            "validation batches": train_cfg.eval_batches * b * (t + 1) * 2 * 8}
+    check_training(model_cfg, b, t, pick_device(train_cfg.device), host_extra=host,
+                   hint="use a smaller --batch-size, or a smaller model (--preset tiny, or a "
+                        "config with a smaller d_model / n_layers)")
 
 
 def unigram_loss(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int) -> float:
@@ -279,6 +291,7 @@ def train_lm(
                                          train_overrides)
     if train_cfg.tensorboard:
         require_tensorboard()  # fail before anything is written or trained
+    check_budget(model_cfg, train_cfg, len(text))
     out_dir = Path(out_dir)
     if dist.is_main:
         prepare_fresh_run_dir(out_dir, overwrite=overwrite)
@@ -337,6 +350,7 @@ def resume_lm(
         text = load_recorded_text(data, run_dir)
     elif _fingerprint(text) != data.get("sha256"):
         raise ValueError(f"the text given differs from the one {run_dir} was trained on")
+    check_budget(model_cfg, train_cfg, len(text))
     dist = distributed_context(train_cfg)
     model = DecoderLM(model_cfg)
     return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
