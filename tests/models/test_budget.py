@@ -214,7 +214,7 @@ def test_a_run_folder_with_a_huge_config_is_refused_by_load_run(tmp_path: Path) 
     tok = CharTokenizer.from_text("abc")
     run = save_run(tmp_path / "run", DecoderLM(small(vocab_size=tok.vocab_size)), tok)
     config = json.loads((run / "config.json").read_text())
-    config["model"]["n_layers"] = 10**6
+    config["model"].update(d_model=128, n_layers=10**6)  # 0.8 TB of weights
     (run / "config.json").write_text(json.dumps(config))
     with pytest.raises(MemoryBudgetError, match="building this DecoderLM"):
         load_run(run)
