@@ -21,6 +21,7 @@ clean-up run as they do for Ctrl-C, instead of the process vanishing mid-step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -32,11 +33,26 @@ from types import FrameType
 
 from handformer.cli.common import UsageError
 
-__all__ = ["EXIT_ERROR", "EXIT_USAGE", "Interrupted", "Terminated", "exit_code",
-           "message_of", "one_line", "report", "show_tracebacks", "sigterm_raises",
-           "signal_of", "silence_stdout"]
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "EXPECTED",
+    "Interrupted",
+    "Terminated",
+    "exit_code",
+    "message_of",
+    "one_line",
+    "report",
+    "show_tracebacks",
+    "signal_of",
+    "sigterm_raises",
+    "silence_stdout",
+]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+# What a command means to report as a failure; anything else is a bug (see ``message_of``).
+EXPECTED: tuple[type[Exception], ...] = (ValueError, OSError, RuntimeError, MemoryError,
+                                         ImportError)
 EXIT_BROKEN_PIPE = 128 + 13  # what a shell reports for a reader that went away (SIGPIPE)
 
 
@@ -109,7 +125,7 @@ def message_of(err: BaseException) -> str:
                 "request smaller")
     if not text:
         return type(err).__name__
-    if isinstance(err, (ValueError, OSError, RuntimeError, ImportError)):
+    if isinstance(err, EXPECTED):
         return text  # refusals and failures the code means to report (ImportError: extras)
     return (f"unexpected {type(err).__name__}: {text} (a bug in handformer; set "
             "HANDFORMER_TRACEBACK=1 to see where it happened)")
@@ -132,10 +148,8 @@ def report(command: str, err: BaseException) -> int:
         line = f"handformer {command}: {word}" + (f"; {detail}" if detail else "")
     else:
         line = f"handformer {command}: error: {message_of(err)}"
-    try:
+    with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()  # what the command printed comes before its last word
-    except (OSError, ValueError):
-        pass
     print(line, file=sys.stderr, flush=True)
     return exit_code(err)
 

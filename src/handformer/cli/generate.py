@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from handformer.cli.common import UsageError
+
 __all__ = ["register", "run_generate"]
 
 
@@ -46,10 +48,32 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
               f"as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Sampling settings out of range are usage errors, found before the model is loaded."""
+    import torch
+
+    from handformer.generate import sample_next
+
+    if args.max_new_tokens < 0:
+        raise UsageError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
+    if args.repetition_penalty <= 0:
+        raise UsageError(f"--repetition-penalty must be > 0; got {args.repetition_penalty}")
+    if args.prompt == "":
+        raise UsageError("--prompt is empty; give at least one character")
+    if any(stop == "" for stop in args.stop):
+        raise UsageError("--stop strings must be non-empty")
+    try:  # the sampler's own checks of temperature, top-k and top-p, on two dummy logits
+        sample_next(torch.zeros(1, 2), temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p)
+    except ValueError as err:
+        raise UsageError(f"--{err}".replace("_", "-", 1)) from None
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from handformer.generate import generate_text
     from handformer.runs import load_run
 
+    _check_options(args)
     run = load_run(args.run, device=args.device, kind="lm")
     model, tokenizer = run.model, run.tokenizer
     if args.dtype != "float32":

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from handformer.cli.errors import Interrupted, Terminated
+from handformer.cli.errors import EXPECTED, Interrupted, Terminated
 
 __all__ = ["build_parser", "main"]
 
@@ -93,8 +93,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     except (KeyboardInterrupt, Interrupted, Terminated) as err:
         return report(command, err)
     except Exception as err:
-        expected = (ValueError, OSError, RuntimeError, MemoryError, ImportError)
-        if not isinstance(err, expected) and (show_tracebacks() or launched_by_torchrun()):
+        if not isinstance(err, EXPECTED) and (show_tracebacks() or launched_by_torchrun()):
             raise  # a bug: its traceback (torchrun's error summary records it too)
         return report(command, err)
 

@@ -38,9 +38,9 @@ from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig
 
 __all__ = [
     "TEXT_BYTES_PER_CHAR", "Estimate", "MemoryBudgetError", "activation_bytes",
-    "available_memory", "check_fits", "check_model_fits", "check_training", "format_bytes", "generation_estimate",
-    "host_available_memory", "kv_cache_bytes", "parameter_count", "parameter_estimate",
-    "training_estimate",
+    "available_memory", "check_fits", "check_model_fits", "check_training", "format_bytes",
+    "generation_estimate", "host_available_memory", "kv_cache_bytes", "parameter_count",
+    "parameter_estimate", "training_estimate",
 ]
 
 FLOAT32 = 4  # bytes: weights, gradients, optimizer moments and (counted so) activations
@@ -284,7 +284,7 @@ def _cgroup_headroom() -> int | None:
         return None
     best: int | None = None
     for line in lines:
-        _, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
+        _, controllers, rel = [*line.split(":", 2), "", ""][:3]
         if controllers == "":  # cgroup v2
             root, limit_name, usage_name = Path("/sys/fs/cgroup"), "memory.max", \
                 "memory.current"
