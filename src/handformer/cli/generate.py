@@ -44,8 +44,8 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
         return
     unknown = sorted({ch for p in prompts for ch in p if ch not in vocabulary})
     if unknown:
-        print(f"warning: {len(unknown)} character(s) not in the model's vocabulary are read "
-              f"as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)
+        print(f"handformer generate: warning: {len(unknown)} character(s) not in the model's "
+              f"vocabulary are read as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)
 
 
 def _check_options(args: argparse.Namespace) -> None:
