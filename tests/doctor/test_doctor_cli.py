@@ -1,5 +1,5 @@
 """``handformer doctor`` from the command line: presets, config files, run folders, JSON,
-pictures, and clear errors (exit code 2) when the subject cannot be built."""
+pictures, and clear one-line errors (exit code 1) when the subject cannot be built."""
 
 from __future__ import annotations
 
