@@ -9,12 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from handformer.config import ModelConfig
+from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig
 from handformer.data.classification import LabelVocab
 from handformer.models.decoder_lm import DecoderLM
-from handformer.config import ClassifierConfig
 from handformer.models.encoder import EncoderClassifier
-from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import EncoderDecoder
 from handformer.runs import RunFolderError, load_run, save_run
 from handformer.runs.metrics import read_loss_curve
@@ -73,7 +71,7 @@ def test_missing_and_damaged_files_are_named(tmp_path: Path) -> None:
         load_run(tmp_path / "run")
     saved("lm", tmp_path / "run")
     (tmp_path / "run" / "config.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(RunFolderError, match="config.json: cannot read JSON"):
+    with pytest.raises(RunFolderError, match=r"config\.json: cannot read JSON"):
         load_run(tmp_path / "run")
     (tmp_path / "run" / "config.json").write_text('{"other": 1}', encoding="utf-8")
     with pytest.raises(RunFolderError, match="describes no handformer model"):

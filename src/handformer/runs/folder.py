@@ -22,12 +22,10 @@ from typing import Any, Literal
 
 from torch import nn
 
-from handformer.config import ModelConfig, TrainConfig
+from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig, TrainConfig
 from handformer.data.classification import DatasetError, LabelVocab
 from handformer.models.decoder_lm import DecoderLM
-from handformer.config import ClassifierConfig
 from handformer.models.encoder import EncoderClassifier
-from handformer.config import Seq2SeqConfig
 from handformer.models.seq2seq import EncoderDecoder
 from handformer.runs.files import (
     CONFIG,
