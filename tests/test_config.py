@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from handformer.config import ModelConfig, TrainConfig
+from handformer.config import (
+    MODEL_LIMITS,
+    ClassifierConfig,
+    ModelConfig,
+    Seq2SeqConfig,
+    TrainConfig,
+)
 from handformer.data import Batch, collate_sequences
 from handformer.loss import IGNORE_INDEX
 from handformer.masks import (
@@ -104,6 +110,100 @@ def test_every_bad_input_raises_a_clear_error(make: Callable[[], object],
     message = str(info.value)
     for needle in needles:
         assert needle in message, f"{needle!r} missing from: {message}"
+
+
+NAN, INF = float("nan"), float("inf")
+
+# Typed configs: what JSON (or a hand edit) can put in a field, refused by name. Each would
+# have been accepted before: "false" is truthy (ties the weights), NaN compares False with
+# every bound, 4.0 is not an int.
+TYPED: list[tuple[str, Callable[[], object], list[str]]] = [
+    ("bool-as-string", lambda: ModelConfig.from_dict(model_kwargs(tie_weights="false")),
+     ["ModelConfig.tie_weights", "'false'"]),
+    ("bool-as-int", lambda: ModelConfig.from_dict(model_kwargs(bias=0)), ["ModelConfig.bias"]),
+    ("train-bool-as-string", lambda: TrainConfig.from_dict({"compile": "no"}),
+     ["TrainConfig.compile", "'no'"]),
+    ("int-as-float", lambda: ModelConfig.from_dict(model_kwargs(d_model=32.0)),
+     ["ModelConfig.d_model", "32.0"]),
+    ("int-as-bool", lambda: ModelConfig.from_dict(model_kwargs(n_layers=True)),
+     ["ModelConfig.n_layers"]),
+    ("int-as-string", lambda: TrainConfig.from_dict({"batch_size": "8"}),
+     ["TrainConfig.batch_size", "'8'"]),
+    ("float-as-string", lambda: ModelConfig.from_dict(model_kwargs(rope_base="1e4")),
+     ["ModelConfig.rope_base", "'1e4'"]),
+    ("float-as-bool", lambda: ModelConfig.from_dict(model_kwargs(dropout=True)),
+     ["ModelConfig.dropout"]),
+    ("str-as-number", lambda: ModelConfig.from_dict(model_kwargs(norm=1)), ["ModelConfig.norm"]),
+    ("nan-rope-base", lambda: ModelConfig.from_dict(model_kwargs(rope_base=NAN)),
+     ["ModelConfig.rope_base", "finite", "nan"]),
+    ("inf-rope-base", lambda: ModelConfig.from_dict(model_kwargs(rope_base=INF)),
+     ["ModelConfig.rope_base", "inf"]),
+    ("nan-eps", lambda: ModelConfig.from_dict(model_kwargs(layer_norm_eps=NAN)),
+     ["layer_norm_eps"]),
+    ("nan-dropout", lambda: ModelConfig.from_dict(model_kwargs(dropout=NAN)), ["dropout"]),
+    ("inf-lr", lambda: TrainConfig.from_dict({"lr": INF}), ["TrainConfig.lr", "inf"]),
+    ("nan-lr", lambda: TrainConfig.from_dict({"lr": NAN}), ["TrainConfig.lr", "nan"]),
+    ("zero-lr", lambda: TrainConfig(lr=0.0), ["lr > 0"]),
+    ("nan-min-lr", lambda: TrainConfig(min_lr=NAN), ["TrainConfig.min_lr"]),
+    ("nan-grad-clip", lambda: TrainConfig(grad_clip=NAN), ["TrainConfig.grad_clip"]),
+    ("negative-weight-decay", lambda: TrainConfig(weight_decay=-0.1),
+     ["TrainConfig.weight_decay"]),
+    ("inf-weight-decay", lambda: TrainConfig(weight_decay=INF), ["TrainConfig.weight_decay"]),
+    ("nan-beta", lambda: TrainConfig.from_dict({"betas": [0.9, NAN]}), ["TrainConfig.betas"]),
+    ("beta-string", lambda: TrainConfig.from_dict({"betas": "0.9,0.99"}),
+     ["TrainConfig.betas"]),
+    ("nan-val-fraction", lambda: TrainConfig(val_fraction=NAN), ["val_fraction"]),
+    ("seed-float", lambda: TrainConfig.from_dict({"seed": 1.5}), ["TrainConfig.seed"]),
+    ("vocab-beyond-limit", lambda: ModelConfig(**model_kwargs(vocab_size=10**12)),
+     ["ModelConfig.vocab_size", str(10**12), str(MODEL_LIMITS["vocab_size"])]),
+    ("max-len-beyond-limit", lambda: ModelConfig(**model_kwargs(max_len=2**40)),
+     ["ModelConfig.max_len"]),
+    ("missing-vocab", lambda: ModelConfig.from_dict({"d_model": 32}),
+     ["ModelConfig", "missing", "vocab_size"]),
+    ("not-an-object", lambda: ModelConfig.from_dict([1, 2]),  # type: ignore[arg-type]
+     ["ModelConfig", "JSON object", "list"]),
+    ("classifier-missing-classes",
+     lambda: ClassifierConfig.from_dict({"encoder": model_kwargs()}), ["num_classes"]),
+    ("classifier-nested-bad-bool",
+     lambda: ClassifierConfig.from_dict({"encoder": model_kwargs(bias="yes"),
+                                         "num_classes": 2}),
+     ["ClassifierConfig.encoder", "ModelConfig.bias"]),
+    ("classifier-encoder-string",
+     lambda: ClassifierConfig.from_dict({"encoder": "small", "num_classes": 2}),
+     ["ClassifierConfig.encoder", "str"]),
+    ("classifier-nan-head-dropout",
+     lambda: ClassifierConfig(ModelConfig(**model_kwargs()), 2, head_dropout=NAN),
+     ["ClassifierConfig.head_dropout"]),
+    ("seq2seq-nested-missing-vocab",
+     lambda: Seq2SeqConfig.from_dict({"encoder": model_kwargs(), "decoder": {"d_model": 32}}),
+     ["Seq2SeqConfig.decoder", "vocab_size"]),
+    ("seq2seq-not-an-object", lambda: Seq2SeqConfig.from_dict("x"),  # type: ignore[arg-type]
+     ["Seq2SeqConfig", "str"]),
+]
+
+
+@pytest.mark.parametrize(("make", "needles"), [(m, n) for _, m, n in TYPED],
+                         ids=[i for i, _, _ in TYPED])
+def test_config_fields_are_typed_finite_and_named_when_wrong(make: Callable[[], object],
+                                                             needles: list[str]) -> None:
+    with pytest.raises(ValueError) as info:
+        make()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} missing from: {message}"
+
+
+def test_typed_fields_are_normalised_for_json() -> None:
+    """Ints in float fields become floats and NumPy ints become ints, so config.json holds
+    plain JSON numbers; real booleans go through untouched."""
+    import numpy as np
+
+    cfg = ModelConfig(**model_kwargs(d_model=np.int64(32), dropout=0, tie_weights=False))
+    assert type(cfg.d_model) is int and type(cfg.dropout) is float
+    assert cfg.tie_weights is False
+    assert ModelConfig.from_dict(json_round_trip(cfg.to_dict())) == cfg
+    assert TrainConfig(lr=1).lr == 1.0 and TrainConfig.from_dict({"betas": [0, 0.5]}).betas == (
+        0.0, 0.5)
 
 
 def test_learned_positions_accept_last_position() -> None:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
+import warnings
 
 import pytest
 import torch
 
+from handformer.data.classification import DataWarning
 from handformer.data.padding import pad_sequences
 from handformer.generate import (
+    GREEDY_TEMPERATURE,
+    NonFiniteLogitsError,
     apply_repetition_penalty,
     generate,
     generate_text,
@@ -132,10 +136,25 @@ def test_batched_left_padded_equals_one_at_a_time(positional: str, path: str) ->
     assert torch.equal(batched, uncached)
 
 
-def test_prompt_longer_than_window_is_cropped_not_a_crash() -> None:
+def test_prompt_longer_than_window_is_cropped_with_one_warning_not_a_crash() -> None:
     model = _model("learned", "sdpa")
-    out = generate(model, torch.randint(0, 37, (1, 40)), 5, temperature=0)
+    with pytest.warns(DataWarning) as caught:
+        out = generate(model, torch.randint(0, 37, (1, 40)), 5, temperature=0)
     assert out.shape == (1, 45)
+    assert len(caught) == 1  # once per call, not once per sliding step
+    message = str(caught[0].message)
+    for needle in ("1 of 1 prompt", "max_len=16", "has 40", "last 16", "first 24"):
+        assert needle in message, f"{needle!r} missing from: {message}"
+
+
+def test_only_prompts_that_lose_real_tokens_are_counted_and_short_ones_never_warn() -> None:
+    model = _model("learned", "sdpa")
+    ids, mask = pad_sequences([list(range(1, 21)), [5, 6]], 0, side="left")  # (2, 20)
+    with pytest.warns(DataWarning, match="1 of 2 prompt"):
+        generate(model, ids, 2, padding_mask=mask, temperature=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        generate(model, torch.randint(0, 37, (2, 16)), 3, temperature=0)  # fits: silent
 
 
 def test_gqa_cache_is_smaller_by_the_group_factor() -> None:
@@ -255,6 +274,16 @@ def test_unknown_prompt_characters_become_unk() -> None:
         (dict(top_k=0), "top_k must be a positive int"),
         (dict(temperature=-1.0), "temperature must be >= 0"),
         (dict(repetition_penalty=0.0), "repetition_penalty must be > 0"),
+        # non-finite and mistyped numbers are refused by name, before any forward
+        (dict(temperature=float("nan")), "temperature must be >= 0 and finite.*nan"),
+        (dict(temperature=float("inf")), "temperature must be >= 0 and finite.*inf"),
+        (dict(temperature="0.7"), "temperature must be >= 0 and finite"),
+        (dict(temperature=True), "temperature must be >= 0 and finite"),
+        (dict(top_p=float("nan")), r"top_p must lie in \(0, 1\].*nan"),
+        (dict(top_k=2.5), "top_k must be a positive int.*2.5"),
+        (dict(repetition_penalty=float("nan")), "repetition_penalty must be > 0 and finite"),
+        (dict(repetition_penalty=float("inf")), "repetition_penalty must be > 0 and finite"),
+        (dict(max_new_tokens=2.0), "max_new_tokens must be >= 0"),
     ],
 )
 def test_bad_generation_arguments(kwargs: dict, message: str) -> None:
@@ -309,3 +338,51 @@ def test_generated_ids_can_be_trained_on() -> None:
     loss = lm_loss(model(out[:, :-1]), out[:, 1:])
     loss.backward()
     assert model.embed.token.weight.grad is not None
+
+
+# -- never a sample from a non-finite distribution ----------------------------------------
+@pytest.mark.parametrize("temperature", [1e-6, 1e-20, 1e-29, 1e-40, 5e-324])
+def test_a_tiny_temperature_is_greedy_and_never_overflows(temperature: float) -> None:
+    """Down to GREEDY_TEMPERATURE a sample is drawn (and is the argmax, logits / T being
+    huge); below it the argmax is taken directly: both are the T → 0 limit."""
+    model = _model("rope", "sdpa")
+    prompt = torch.randint(0, 37, (2, 4))
+    greedy = generate(model, prompt, 12, temperature=0)
+    assert torch.equal(generate(model, prompt, 12, temperature=temperature, seed=3), greedy)
+
+
+def test_sample_next_shifts_logits_that_would_overflow_and_keeps_banned_tokens_out() -> None:
+    logits = torch.tensor([[1.0e10, -1.0e10, float("-inf"), 0.99e10]])
+    assert GREEDY_TEMPERATURE < 1e-29
+    assert not torch.isfinite(logits / 1e-29).all()  # the plain division overflows
+    assert sample_next(logits, temperature=1e-29).tolist() == [0]
+    draws = {int(sample_next(logits, temperature=1e11,
+                             generator=torch.Generator().manual_seed(s))) for s in range(50)}
+    assert 2 not in draws and len(draws) > 1  # -inf stays banned at any temperature
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_sample_next_refuses_nan_or_inf_logits(bad: float, temperature: float) -> None:
+    logits = torch.tensor([[1.0, bad, 0.5], [0.1, 0.2, 0.3]])
+    with pytest.raises(NonFiniteLogitsError, match=r"rows \[0\]"):
+        sample_next(logits, temperature=temperature)
+    with pytest.raises(NonFiniteLogitsError, match="no finite value"):
+        sample_next(torch.full((1, 3), float("-inf")), temperature=temperature)
+
+
+def test_a_model_that_returns_nan_logits_is_a_clear_error() -> None:
+    model = _model("learned", "sdpa")
+    with torch.no_grad():
+        model.final_norm.weight[0] = float("nan")
+    for temperature in (0.0, 1.0):
+        with pytest.raises(NonFiniteLogitsError,
+                           match=r"the model returned non-finite logits.*generated token 1"):
+            generate(model, torch.tensor([[5, 6]]), 3, temperature=temperature)
+
+
+def test_a_repetition_penalty_that_overflows_the_logits_is_blamed_by_name() -> None:
+    model = _model("learned", "sdpa")
+    with pytest.raises(NonFiniteLogitsError, match="repetition_penalty=1e-40 overflowed"):
+        generate(model, torch.tensor([[5, 6, 7, 8]]), 3, temperature=0.8,
+                 repetition_penalty=1e-40)

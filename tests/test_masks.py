@@ -10,7 +10,9 @@ import torch
 
 from handformer.masks import (
     causal_mask,
+    check_padding_mask,
     combine_masks,
+    from_additive_mask,
     from_torch_key_padding_mask,
     padding_mask,
     to_torch_attn_mask,
@@ -132,3 +134,38 @@ def test_polarity_matches_torch_multihead_attention() -> None:
     assert torch.allclose(out_ours, out_ref, atol=1e-6)
 
 
+
+
+# -- refusing masks of another convention -------------------------------------------------
+def test_from_additive_mask_flips_a_torch_additive_mask() -> None:
+    additive = torch.tensor([[0.0, 0.0, float("-inf")],
+                             [0.0, torch.finfo(torch.float32).min, -1e4]])
+    assert torch.equal(from_additive_mask(additive),
+                       torch.tensor([[True, True, False], [True, False, False]]))
+
+
+@pytest.mark.parametrize("bad", [torch.tensor([[0.0, 1.5]]), torch.tensor([[0.0, float("nan")]]),
+                                 torch.tensor([[1, 0]])])
+def test_from_additive_mask_refuses_what_is_not_an_additive_mask(bad: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="from_additive_mask"):
+        from_additive_mask(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.long, torch.int32,
+                                   torch.uint8])
+def test_check_padding_mask_refuses_non_boolean_masks_and_says_how_to_convert(
+        dtype: torch.dtype) -> None:
+    with pytest.raises(ValueError) as info:
+        check_padding_mask(torch.zeros(2, 3, dtype=dtype), (2, 3), "Encoder")
+    message = str(info.value)
+    for needle in ("Encoder", "padding_mask", "True on real tokens", str(dtype),
+                   "from_additive_mask", "mask.bool()", "from_torch_key_padding_mask"):
+        assert needle in message, f"{needle!r} missing from: {message}"
+
+
+def test_check_padding_mask_names_the_shape_and_accepts_a_good_mask() -> None:
+    check_padding_mask(torch.ones(2, 3, dtype=torch.bool), (2, 3), "X")
+    with pytest.raises(ValueError, match=r"memory_mask must be bool \(B, T\) = \(2, 3\)"):
+        check_padding_mask(torch.ones(2, 4, dtype=torch.bool), (2, 3), "X", "memory_mask")
+    with pytest.raises(ValueError, match="torch bool tensor"):
+        check_padding_mask([[True, False]], (1, 2), "X")  # type: ignore[arg-type]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,14 +19,32 @@ from handformer.nn.block import NORM_KINDS
 from handformer.nn.feedforward import ACTIVATIONS
 from handformer.nn.positional import POSITIONAL_KINDS
 
-__all__ = ["CLASSIFY_PRESET", "POOLING_KINDS", "PRECISIONS", "PRESETS", "SEQ2SEQ_PRESET",
-           "STRATEGIES", "ClassifierConfig", "ModelConfig", "Preset", "Seq2SeqConfig",
-           "TrainConfig", "get_preset"]
+__all__ = ["CLASSIFY_PRESET", "MODEL_LIMITS", "POOLING_KINDS", "PRECISIONS", "PRESETS",
+           "SEQ2SEQ_PRESET", "STRATEGIES", "ClassifierConfig", "ModelConfig", "Preset",
+           "Seq2SeqConfig", "TrainConfig", "get_preset"]
 
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 STRATEGIES: tuple[str, ...] = ("ddp", "fsdp")  # how torchrun ranks share the model
 
 C = TypeVar("C", bound="_DictMixin")
+
+
+def _check_keys(cls: type, data: Any) -> None:
+    """``data`` is a JSON object holding every required field of ``cls`` and no other."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} needs a JSON object; got {type(data).__name__}")
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(
+            f"{cls.__name__} got unknown fields {unknown}; known fields: {sorted(names)}"
+        )
+    missing = sorted(f.name for f in fields if f.name not in data
+                     and f.default is dataclasses.MISSING
+                     and f.default_factory is dataclasses.MISSING)
+    if missing:
+        raise ValueError(f"{cls.__name__} is missing the required fields {missing}")
 
 
 class _DictMixin:
@@ -33,12 +53,8 @@ class _DictMixin:
 
     @classmethod
     def from_dict(cls: type[C], data: dict[str, Any]) -> C:
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(
-                f"{cls.__name__} got unknown fields {unknown}; known fields: {sorted(names)}"
-            )
+        """Rebuild from JSON data; ``ValueError`` names unknown, missing or invalid fields."""
+        _check_keys(cls, data)
         return cls(**data)
 
     def to_json(self) -> str:
@@ -52,6 +68,60 @@ class _DictMixin:
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
+def _is_real(value: Any) -> bool:
+    """A real number that is not a bool (JSON's ``true`` must not count as 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (NumPy's too) that is not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_types(config: Any) -> None:
+    """Every field holds the type its annotation names, or ``ValueError`` naming the field.
+
+    Configs arrive from JSON files a person may have edited: ``"tie_weights": "false"`` is a
+    non-empty string, so it would silently *tie* the weights, and ``"lr": NaN`` (which
+    Python's JSON reader accepts) would compare False with every bound and slip through
+    them all. So booleans must be real booleans, ints real ints (``4.0`` is refused, as is
+    ``true``; stored as ``int``), floats finite numbers (stored as ``float``), strings
+    strings. The checks follow the annotations, so a field added later is checked too.
+    """
+    cls = type(config).__name__
+    for f in dataclasses.fields(config):
+        value, where = getattr(config, f.name), f"{cls}.{f.name}"
+        kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if kind == "bool" and not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false; got {value!r} (a JSON "
+                             "boolean: true or false, unquoted)")
+        if kind == "int":
+            if not _is_int(value):
+                raise ValueError(f"{where} must be an integer; got {value!r}")
+            setattr(config, f.name, int(value))  # a NumPy int would not serialise to JSON
+        if kind == "str" and not isinstance(value, str):
+            raise ValueError(f"{where} must be a string; got {value!r}")
+        if kind == "float":
+            if not _is_real(value) or not math.isfinite(value):
+                raise ValueError(f"{where} must be a finite number; got {value!r}")
+            setattr(config, f.name, float(value))
+        if kind.startswith("tuple[float"):
+            if (not isinstance(value, list | tuple)
+                    or not all(_is_real(v) and math.isfinite(v) for v in value)):
+                raise ValueError(f"{where} must be a list of finite numbers; got {value!r}")
+            setattr(config, f.name, tuple(float(v) for v in value))
+
+
+# Upper bounds far above any real model (the largest vocabularies hold ~256k tokens, the
+# widest models d_model 16384): a value past one is a typo or a damaged config.json, and
+# refusing it here stops a loader from allocating terabytes before it could compare the
+# config with the weights.
+MODEL_LIMITS: dict[str, int] = {
+    "vocab_size": 1 << 24, "d_model": 1 << 16, "n_heads": 1 << 12, "n_layers": 1 << 12,
+    "d_ff": 1 << 20, "max_len": 1 << 24, "n_kv_heads": 1 << 12, "type_vocab_size": 1 << 16,
+}
 
 
 @dataclass
@@ -96,8 +166,14 @@ class ModelConfig(_DictMixin):
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len",
                      "n_kv_heads"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
+        _check_types(self)
+        for name, limit in MODEL_LIMITS.items():
+            if getattr(self, name) > limit:
+                raise ValueError(f"ModelConfig.{name}={getattr(self, name)} is beyond the "
+                                 f"sane limit {limit} (see config.MODEL_LIMITS): a typo or a "
+                                 "damaged config?")
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
@@ -105,13 +181,15 @@ class ModelConfig(_DictMixin):
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
         if self.rope_base <= 1.0:
-            raise ValueError(f"rope_base must be > 1; got {self.rope_base}")
+            raise ValueError(f"ModelConfig.rope_base must be > 1; got {self.rope_base}")
         if not 0.0 < self.layer_norm_eps < 1.0:
-            raise ValueError(f"layer_norm_eps must be in (0, 1); got {self.layer_norm_eps}")
+            raise ValueError(f"ModelConfig.layer_norm_eps must be in (0, 1); got "
+                             f"{self.layer_norm_eps}")
         if self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size must be >= 0; got {self.type_vocab_size}")
+            raise ValueError(f"ModelConfig.type_vocab_size must be >= 0; got "
+                             f"{self.type_vocab_size}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1); got {self.dropout}")
+            raise ValueError(f"ModelConfig.dropout must be in [0, 1); got {self.dropout}")
         _check_choice("positional", self.positional, POSITIONAL_KINDS)
         _check_choice("norm", self.norm, NORM_KINDS)
         _check_choice("attention", self.attention, ATTENTION_KINDS)
@@ -169,37 +247,53 @@ class TrainConfig(_DictMixin):
     strategy: str = "ddp"
 
     def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # type: ignore[assignment]  # JSON gives a list
         for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
                      "log_interval", "grad_accum_steps", "keep_last", "max_nonfinite_steps"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not _is_int(value) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
         for name in ("warmup_steps", "checkpoint_interval", "early_stopping_patience"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            if not _is_int(value) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be an int >= 0; got {value!r}")
+        _check_types(self)  # the other fields; betas from JSON (a list) becomes a tuple
         if not 0.0 < self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction must be in (0, 1); got {self.val_fraction}")
+            raise ValueError(f"TrainConfig.val_fraction must be in (0, 1); got "
+                             f"{self.val_fraction}")
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ValueError(f"need 0 <= min_lr <= lr and lr > 0; got lr={self.lr}, "
-                             f"min_lr={self.min_lr}")
+            raise ValueError(f"TrainConfig needs 0 <= min_lr <= lr and lr > 0; got "
+                             f"lr={self.lr}, min_lr={self.min_lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"TrainConfig.weight_decay must be >= 0; got {self.weight_decay}")
         if self.grad_clip < 0:
-            raise ValueError(f"grad_clip must be >= 0 (0 = no clipping); got {self.grad_clip}")
+            raise ValueError(f"TrainConfig.grad_clip must be >= 0 (0 = no clipping); got "
+                             f"{self.grad_clip}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
-            raise ValueError(f"betas must be two numbers in [0, 1); got {self.betas}")
+            raise ValueError(f"TrainConfig.betas must be two numbers in [0, 1); got "
+                             f"{self.betas}")
         _check_choice("schedule", self.schedule, ("cosine", "linear", "constant"))
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("strategy", self.strategy, STRATEGIES)
-        for name in ("compile", "loss_curve", "tensorboard"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"TrainConfig.{name} must be true or false; "
-                                 f"got {getattr(self, name)!r}")
 
     @property
     def effective_checkpoint_interval(self) -> int:
         """Steps between regular checkpoints (0 in the config means: at every evaluation)."""
         return self.checkpoint_interval or self.eval_interval
+
+
+def _sub_config(value: Any, where: str) -> ModelConfig:
+    """A nested ``ModelConfig``, built from its JSON object; ``ValueError`` names ``where``."""
+    if isinstance(value, ModelConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a ModelConfig or its JSON object; got "
+                         f"{type(value).__name__}")
+    try:
+        return ModelConfig.from_dict(value)
+    except TypeError as err:  # a required field (vocab_size) is missing
+        raise ValueError(f"{where}: {err}") from None
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 POOLING_KINDS: tuple[str, ...] = ("cls", "mean")  # how a classifier summarises a sequence
@@ -220,15 +314,16 @@ class ClassifierConfig:
     head_dropout: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.encoder, dict):  # from JSON
-            self.encoder = ModelConfig.from_dict(self.encoder)
-        if (not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool)
-                or self.num_classes < 2):
-            raise ValueError(f"num_classes must be an int >= 2; got {self.num_classes!r}")
+        self.encoder = _sub_config(self.encoder, "ClassifierConfig.encoder")
+        if not _is_int(self.num_classes) or self.num_classes < 2:
+            raise ValueError(f"ClassifierConfig.num_classes must be an int >= 2; got "
+                             f"{self.num_classes!r}")
+        _check_types(self)
         if self.pooling not in POOLING_KINDS:
             raise ValueError(f"pooling={self.pooling!r} is not one of {POOLING_KINDS}")
         if not 0.0 <= self.head_dropout < 1.0:
-            raise ValueError(f"head_dropout must be in [0, 1); got {self.head_dropout}")
+            raise ValueError(f"ClassifierConfig.head_dropout must be in [0, 1); got "
+                             f"{self.head_dropout}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (the encoder's config nested), as saved in config.json."""
@@ -237,12 +332,9 @@ class ClassifierConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:
-        """Rebuild from ``to_dict``'s data; ``ValueError`` names unknown or invalid fields."""
-        known = {"encoder", "num_classes", "pooling", "head_dropout"}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"ClassifierConfig got unknown fields {unknown}; known fields: "
-                             f"{sorted(known)}")
+        """Rebuild from ``to_dict``'s data; ``ValueError`` names unknown, missing or invalid
+        fields."""
+        _check_keys(cls, data)
         return cls(**data)
 
 
@@ -257,10 +349,8 @@ class Seq2SeqConfig:
     decoder: ModelConfig
 
     def __post_init__(self) -> None:
-        if isinstance(self.encoder, dict):  # from JSON
-            self.encoder = ModelConfig.from_dict(self.encoder)
-        if isinstance(self.decoder, dict):
-            self.decoder = ModelConfig.from_dict(self.decoder)
+        self.encoder = _sub_config(self.encoder, "Seq2SeqConfig.encoder")
+        self.decoder = _sub_config(self.decoder, "Seq2SeqConfig.decoder")
         if self.encoder.d_model != self.decoder.d_model:
             raise ValueError(
                 f"encoder d_model={self.encoder.d_model} != decoder d_model="
@@ -274,10 +364,10 @@ class Seq2SeqConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Seq2SeqConfig:
         """Rebuild from ``to_dict``'s data; exactly ``encoder`` and ``decoder`` are needed."""
-        unknown = sorted(set(data) - {"encoder", "decoder"})
-        if unknown or set(data) != {"encoder", "decoder"}:
+        if not isinstance(data, dict) or set(data) != {"encoder", "decoder"}:
+            got = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"Seq2SeqConfig needs exactly the fields ['decoder', 'encoder']; "
-                             f"got {sorted(data)}")
+                             f"got {got}")
         return cls(**data)
 
 

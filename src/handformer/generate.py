@@ -12,7 +12,20 @@
   the window slides forward by half its length and the cache is refilled from the kept
   tokens — one refill every ``max_len / 2`` steps instead of one per step.
 * Batches of prompts of different lengths are left-padded; position ids count real tokens
-  only, so each row generates what it would generate alone.
+  only, so each row generates what it would generate alone. A prompt longer than the window
+  is read from its end (the same slide), with one ``DataWarning`` saying how much was cut.
+* Numbers are checked before the first forward (``check_sampling``): ``temperature`` is a
+  finite number ≥ 0, ``top_p`` lies in (0, 1], ``top_k`` is a positive int and
+  ``repetition_penalty`` a finite number > 0; NaN and inf are refused by name.
+* Tiny temperatures decode greedily, never overflow: when logits / temperature overflows
+  float32, the row's maximum is subtracted first (softmax is unchanged by the shift, and the
+  result cannot overflow); below ``GREEDY_TEMPERATURE`` (1e-30, near float32's smallest
+  normal number) the temperature itself is unrepresentable and the argmax is taken — the
+  limit of sampling as the temperature goes to 0.
+* Never a sample from a non-finite distribution: logits holding NaN or ``+inf`` (a model
+  with damaged weights, an overflow in half precision), or overflowing once divided by the
+  repetition penalty, raise ``NonFiniteLogitsError`` (a ``ValueError``) saying which and at
+  which token; ``-inf`` entries (banned tokens) are fine while a row keeps a finite one.
 
 Shape legend: ``B`` batch, ``T`` sequence so far, ``V`` vocabulary.
 """
@@ -21,6 +34,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import numbers
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -29,11 +45,18 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig
+from handformer.data.classification import DataWarning
 from handformer.data.padding import pad_sequences
+from handformer.masks import check_padding_mask
 from handformer.models.budget import Estimate, check_fits, generation_estimate
 from handformer.nn.kv_cache import DecoderCache
 
-__all__ = ["apply_repetition_penalty", "generate", "generate_text", "sample_next"]
+__all__ = ["GREEDY_TEMPERATURE", "NonFiniteLogitsError", "apply_repetition_penalty",
+           "check_sampling", "generate", "generate_text", "sample_next"]
+
+# Below this temperature sampling takes the argmax (the T → 0 limit): float32 cannot hold
+# the temperature itself much lower (its smallest normal number is ~1.2e-38).
+GREEDY_TEMPERATURE = 1e-30
 
 TokenCallback = Callable[[Tensor], bool | None]
 
@@ -52,6 +75,53 @@ def apply_repetition_penalty(logits: Tensor, history: Tensor, history_mask: Tens
     return torch.where(counts > 0, penalised, logits)
 
 
+class NonFiniteLogitsError(ValueError):
+    """Logits that cannot be sampled from: NaN, ``+inf``, or a row with no finite entry."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_sampling(temperature: float = 1.0, top_k: int | None = None,
+                   top_p: float | None = None, repetition_penalty: float = 1.0) -> None:
+    """``ValueError`` naming the setting for anything ``sample_next``/``generate`` would
+    misuse: a non-number, NaN or inf, or a value out of range."""
+    if not _is_number(temperature) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be >= 0 and finite (0 = greedy); got "
+                         f"{temperature!r}")
+    if top_k is not None and (not isinstance(top_k, numbers.Integral)
+                              or isinstance(top_k, bool) or top_k <= 0):
+        raise ValueError(f"top_k must be a positive int or None; got {top_k!r}")
+    if top_p is not None and (not _is_number(top_p) or not 0.0 < top_p <= 1.0):
+        raise ValueError(f"top_p must lie in (0, 1] (or be None); got {top_p!r}")
+    if (not _is_number(repetition_penalty) or not math.isfinite(repetition_penalty)
+            or repetition_penalty <= 0):
+        raise ValueError(f"repetition_penalty must be > 0 and finite (1 = off); got "
+                         f"{repetition_penalty!r}")
+
+
+def _all_finite(x: Tensor) -> bool:
+    """Whether every entry is finite, in one reduction and one host read: a NaN or an inf
+    anywhere makes the sum non-finite (a sum of finite logits cannot overflow float32 in
+    practice; if it did, the caller's exact check below would clear it)."""
+    return math.isfinite(float(x.sum()))
+
+
+def _check_finite_logits(logits: Tensor, what: str) -> None:
+    """``NonFiniteLogitsError`` unless every entry is finite or ``-inf`` and every row keeps
+    a finite one. The common case costs one reduction (``_all_finite``)."""
+    if _all_finite(logits):
+        return
+    nan, pos_inf = torch.isnan(logits), torch.isposinf(logits)
+    bad_rows = (nan | pos_inf).any(dim=-1) | ~torch.isfinite(logits).any(dim=-1)  # (B,)
+    if bool(bad_rows.any()):
+        rows = bad_rows.nonzero().flatten().tolist()
+        raise NonFiniteLogitsError(
+            f"{what} cannot be sampled from: rows {rows[:5]} hold {int(nan.sum())} NaN and "
+            f"{int(pos_inf.sum())} +inf value(s), or no finite value at all")
+
+
 def sample_next(
     logits: Tensor,
     *,
@@ -60,16 +130,23 @@ def sample_next(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """logits (B, V) → next ids (B,). ``temperature == 0`` is greedy (argmax)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0; got {temperature}")
-    if top_k is not None and top_k <= 0:
-        raise ValueError(f"top_k must be a positive int or None; got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1]; got {top_p}")
-    if temperature == 0:
+    """logits (B, V) → next ids (B,). ``temperature == 0`` is greedy (argmax), and so is
+    any temperature below ``GREEDY_TEMPERATURE``.
+
+    Settings are checked by ``check_sampling``; logits holding NaN or ``+inf`` raise
+    ``NonFiniteLogitsError``, never a sample. A division by a tiny temperature that
+    overflows is redone on max-shifted logits (same softmax, no overflow).
+    """
+    check_sampling(temperature, top_k, top_p)
+    if temperature < GREEDY_TEMPERATURE:  # 0 included
+        _check_finite_logits(logits, "the logits")
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    scaled = logits.float() / temperature  # (B, V)
+    if not _all_finite(scaled):  # NaN/inf from the model, an overflow, or banned (-inf) ids
+        _check_finite_logits(logits, "the logits")
+        shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True)  # (B, V) ≤ 0
+        scaled = shifted / temperature  # in [-inf, 0]: exp cannot overflow
+    logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -182,26 +259,30 @@ def generate(
     called after every step; returning True stops generation (streaming, stop strings).
     ``use_cache=False`` recomputes the context every step (same tokens, slower). Runs under
     ``torch.inference_mode()``; the ids it returns are an ordinary tensor, usable in training
-    afterwards. Raises ``ValueError`` for an empty or non-(B, T) prompt, a mask of another shape
-    or a row without real tokens, negative ``max_new_tokens``, an ``eos_id`` outside the
-    vocabulary, ids the model refuses (checked once, on the prompt), or invalid sampling
-    settings; ``MemoryBudgetError`` (``models.budget``) when the output tokens and the KV
-    cache cannot fit in memory, before they are allocated.
+    afterwards. Raises ``ValueError`` for an empty or non-(B, T) prompt, a mask that is not
+    bool (B, T) (a float or int one is refused: see ``handformer.masks``) or a row without
+    real tokens, negative ``max_new_tokens``, an ``eos_id`` outside the vocabulary, ids the
+    model refuses (checked once, on the prompt), or invalid sampling settings
+    (``check_sampling``); ``NonFiniteLogitsError`` if the model's logits hold NaN or inf (or
+    overflow once scaled), naming the step; ``MemoryBudgetError`` (``models.budget``) when
+    the output tokens and the KV cache cannot fit in memory, before they are allocated. A
+    prompt longer than the model's window is read from its end, with a ``DataWarning``.
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
                          f"{tuple(ids.shape)}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0; got {max_new_tokens}")
-    if repetition_penalty <= 0:
-        raise ValueError(f"repetition_penalty must be > 0; got {repetition_penalty}")
-    if padding_mask is not None and padding_mask.shape != ids.shape:
-        raise ValueError(f"padding_mask {tuple(padding_mask.shape)} != ids {tuple(ids.shape)}")
-    sample_next(torch.zeros(1, 2), temperature=temperature, top_k=top_k, top_p=top_p)  # checks
-    if padding_mask is not None and not bool(padding_mask.any(dim=1).all()):
-        raise ValueError("every prompt row needs at least one real (unpadded) token")
+    if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 0):
+        raise ValueError(f"max_new_tokens must be >= 0 (an int); got {max_new_tokens!r}")
+    check_sampling(temperature, top_k, top_p, repetition_penalty)
+    if padding_mask is not None:
+        check_padding_mask(padding_mask, tuple(ids.shape), "generate")
+        if not bool(padding_mask.any(dim=1).all()):
+            raise ValueError("every prompt row needs at least one real (unpadded) token")
 
     max_len: int = model.config.max_len  # type: ignore[union-attr]
+    if max_new_tokens > 0:
+        _warn_if_cropped(padding_mask, ids.shape[1], max_len)
     vocab_size = getattr(model.config, "vocab_size", None)  # type: ignore[union-attr]
     if eos_id is not None and vocab_size is not None and not 0 <= eos_id < vocab_size:
         # Finished rows keep feeding eos_id to the model, past the prompt's one check.
@@ -247,12 +328,17 @@ def generate(
                                    **checked)[:, -1]  # (B, V)
                 checked = unchecked
                 start = new_start
+                scored = logits
                 if repetition_penalty != 1.0:
-                    logits = apply_repetition_penalty(logits, tokens[:, start:length],
+                    scored = apply_repetition_penalty(logits, tokens[:, start:length],
                                                       real[:, start:length],
                                                       repetition_penalty)  # (B, V)
-                nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                                  generator=generator)  # (B,)
+                try:
+                    nxt = sample_next(scored, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, generator=generator)  # (B,)
+                except NonFiniteLogitsError as err:
+                    raise _blame(err, logits, length - ids.shape[1], temperature,
+                                 repetition_penalty) from None
                 if eos_id is not None:
                     nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
                     finished |= nxt == eos_id
@@ -264,6 +350,38 @@ def generate(
     finally:
         model.train(was_training)
     return tokens[:, :length]
+
+
+def _warn_if_cropped(padding_mask: Tensor | None, length: int, max_len: int) -> None:
+    """One ``DataWarning`` when prompts do not fit the window: the first step reads only the
+    tokens from ``_slide``'s start on, as every later step does."""
+    start = _slide(0, length, max_len)
+    if start == 0:
+        return
+    cut = (torch.ones(1, start, dtype=torch.bool) if padding_mask is None
+           else padding_mask[:, :start]).any(dim=1)  # (B,) rows losing a real token
+    rows = int(cut.sum())
+    if rows == 0:
+        return
+    total = 1 if padding_mask is None else padding_mask.shape[0]
+    warnings.warn(f"{rows} of {total} prompt(s) are longer than the model's window "
+                  f"(max_len={max_len} tokens; the longest prompt has {length}): generation "
+                  f"reads only the last {length - start} tokens, the first {start} are dropped",
+                  DataWarning, stacklevel=4)
+
+
+def _blame(err: NonFiniteLogitsError, raw: Tensor, step: int, temperature: float,
+           repetition_penalty: float) -> NonFiniteLogitsError:
+    """Say whether the model produced the bad logits or the scaling overflowed them."""
+    if not bool(torch.isfinite(raw).all()):
+        return NonFiniteLogitsError(
+            f"the model returned non-finite logits (NaN or inf) for generated token "
+            f"{step + 1}: its weights may be damaged or the computation overflowed (a half-"
+            f"precision --dtype? try float32; `handformer doctor --run DIR` checks a run). "
+            f"Details: {err}")
+    return NonFiniteLogitsError(
+        f"repetition_penalty={repetition_penalty} overflowed the logits at generated token "
+        f"{step + 1}; use a penalty closer to 1 (1.1-1.3 is usual). Details: {err}")
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

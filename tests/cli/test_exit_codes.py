@@ -205,10 +205,12 @@ def test_sizes_nobody_can_allocate_are_refused_fast(lm_run: Path, tmp_path: Path
          "use a smaller --batch-size"),
         (["classify", "train", "--seq-len", str(10**6), "--out", "cls"],
          "the built-in task's texts needs about"),
-        (["doctor", "--config", _config(tmp_path / "wide.json", d_model=10**9)],
+        (["doctor", "--config", _config(tmp_path / "wide.json", d_model=1 << 16)],
          "building this DecoderLM needs about"),
-        (["doctor", "--config", _config(tmp_path / "deep.json", n_layers=10**6)],
+        (["doctor", "--config", _config(tmp_path / "deep.json", d_model=1024, n_layers=4096)],
          "building this DecoderLM needs about"),
+        (["doctor", "--config", _config(tmp_path / "absurd.json", n_layers=10**6)],
+         "n_layers=1000000 is beyond the sane limit"),  # config.MODEL_LIMITS
         (["train", "--data", "/dev/zero", "--out", "z"], "/dev/zero is a character device"),
     ]
     for argv, message in cases:
@@ -219,4 +221,5 @@ def test_sizes_nobody_can_allocate_are_refused_fast(lm_run: Path, tmp_path: Path
         *warnings, last = err.splitlines()
         assert all(": warning: " in w for w in warnings) and message in last, (argv, err)
         assert time.perf_counter() - start < 20, argv
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep.json", "wide.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["absurd.json", "deep.json",
+                                                          "wide.json"]

@@ -37,6 +37,12 @@ def test_train_val_split_takes_the_last_fraction(n: int, frac: float, n_val: int
     assert torch.equal(val, torch.arange(n - n_val, n))
 
 
+@pytest.mark.parametrize("frac", [float("nan"), float("inf"), 1.0, -0.1, True])
+def test_train_val_split_refuses_a_fraction_outside_zero_to_one(frac: float) -> None:
+    with pytest.raises(ValueError, match=r"val_fraction must be a number in \[0, 1\)"):
+        train_val_split(np.arange(10), frac)
+
+
 def test_lm_windows_targets_are_ids_shifted_by_one() -> None:
     tokens = torch.randint(0, 50, (500,))
     windows = LMWindows(tokens, block_size=8)

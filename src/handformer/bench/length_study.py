@@ -8,7 +8,9 @@ trains the same small character model once per positional type at one length, on
 built-in text, and measures validation loss at 1×, 2× and 4× that length.
 
 Writes ``length_study.md``, ``length_study.json`` and ``length_study.png`` to the output
-folder.
+folder, claimed as ``LENGTH_STUDY_FOLDER`` (``handformer.runs.writing_folder``): new, empty
+or one the study wrote before; another tool's folder is refused (before the study starts)
+unless ``overwrite``.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ from handformer.data import LMWindows, train_val_split
 from handformer.data.corpora import builtin_text
 from handformer.models.decoder_lm import DecoderLM
 from handformer.nn.positional import POSITIONAL_KINDS
+from handformer.runs import FolderSpec, check_destination, folder_path, writing_folder
 from handformer.tokenizers import CharTokenizer
 from handformer.train.trainer import Trainer
 
-__all__ = ["LengthStudySettings", "run_length_study", "to_markdown"]
+__all__ = ["LENGTH_STUDY_FOLDER", "LengthStudySettings", "run_length_study", "to_markdown"]
+
+LENGTH_STUDY_FOLDER = FolderSpec(
+    "length-study", "a length study", "handformer experiment length",
+    ("length_study.json", "length_study.md", "length_study.png"))
 
 
 @dataclass
@@ -71,10 +78,13 @@ def run_length_study(
     *,
     positionals: tuple[str, ...] = POSITIONAL_KINDS,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
+    """Train and evaluate one model per positional type; write the results to ``out_dir``
+    (checked now, claimed when the results are written; see the module docstring)."""
     s = settings or LengthStudySettings()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = folder_path(out_dir)
+    check_destination(out_dir, LENGTH_STUDY_FOLDER, overwrite=overwrite)
     text = builtin_text()
     tok = CharTokenizer.from_text(text)
     train_ids, val_ids = train_val_split(tok.encode_array(text), 0.1)
@@ -115,9 +125,10 @@ def run_length_study(
                 f"{k}: {'cannot run' if v is None else f'{v:.3f}'}"
                 for k, v in row["val_loss"].items()), flush=True)
 
-    atomic_write_text(out_dir / "length_study.json", json.dumps(results, indent=2))
-    atomic_write_text(out_dir / "length_study.md", to_markdown(results))
-    plot(results, out_dir / "length_study.png")
+    with writing_folder(out_dir, LENGTH_STUDY_FOLDER, overwrite=overwrite):
+        atomic_write_text(out_dir / "length_study.json", json.dumps(results, indent=2))
+        atomic_write_text(out_dir / "length_study.md", to_markdown(results))
+        plot(results, out_dir / "length_study.png")
     return results
 
 

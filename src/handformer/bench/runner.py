@@ -1,4 +1,9 @@
-"""``handformer bench``: run every benchmark, merge their JSON, draw one chart."""
+"""``handformer bench``: run every benchmark, merge their JSON, draw one chart.
+
+The results folder is ``BENCH_FOLDER`` for ``handformer.runs.writing_folder``: the caller
+claims it (a folder of another tool is refused) and holds its lock while the benchmarks
+write into it; ``is_bench_json`` recognises a merged JSON written here before.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "draw_chart", "run_benchmarks"]
+from handformer.runs import FolderSpec
+
+__all__ = ["BENCHMARKS", "BENCH_FOLDER", "draw_chart", "is_bench_json", "run_benchmarks"]
 
 BENCHMARKS = ("tokenizer", "generation", "train", "attention", "time_to_loss")
 _MODULES = {"tokenizer": "tokenizer_throughput", "generation": "generation_speed",
@@ -14,10 +21,25 @@ _MODULES = {"tokenizer": "tokenizer_throughput", "generation": "generation_speed
             "time_to_loss": "time_to_loss"}
 # Benchmarks that train on text take ``--data FILE`` (default: the built-in text).
 _TAKES_DATA = ("time_to_loss",)
+MERGED, CHART = "bench.json", "bench.png"
+BENCH_FOLDER = FolderSpec("bench", "benchmark results", "handformer bench",
+                          (MERGED, CHART, *(f"{m}.json" for m in _MODULES.values())))
+
+
+def is_bench_json(path: Path) -> bool:
+    """True if ``path`` holds a merged result ``handformer bench`` wrote: an object of
+    ``"quick"`` and benchmark names only."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and "quick" in data and set(data) <= {"quick", *BENCHMARKS}
 
 
 def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool,
                    data: Path | None = None) -> dict[str, Any]:
+    """Run ``names`` one after another, each writing its JSON into ``out_dir`` (which the
+    caller has claimed as ``BENCH_FOLDER``); return their results merged."""
     import importlib
 
     out_dir.mkdir(parents=True, exist_ok=True)

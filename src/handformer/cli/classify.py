@@ -8,10 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from handformer.cli.common import (
+    FRACTION,
     UsageError,
+    add_overwrite_option,
     add_threads_option,
     add_training_options,
+    check_output_file,
     check_recipe,
+    folder_arg,
     positive_int,
     reporting,
     training_overrides,
@@ -32,10 +36,14 @@ def register(subparsers: Any) -> None:
                     help="CSV/TSV/JSONL with a text and a label column")
     ct.add_argument("--val", type=Path, default=None,
                     help="validation file (default: hold out --val-fraction of --data)")
-    ct.add_argument("--val-fraction", type=float, default=0.1)
+    ct.add_argument("--val-fraction", type=FRACTION, default=0.1,
+                    help="share held out for validation, in (0, 1) (default 0.1)")
     ct.add_argument("--text-col", default="text")
     ct.add_argument("--label-col", default="label")
-    ct.add_argument("--out", type=Path, default=Path("runs/classify"))
+    ct.add_argument("--out", type=folder_arg, default=Path("runs/classify"),
+                    help="run folder to write: new, empty, or a run folder of `classify "
+                         "train` (default: runs/classify)")
+    add_overwrite_option(ct, "--out")
     ct.add_argument("--max-len", type=positive_int, default=None,
                     help="tokens per text incl. <bos>; longer texts are truncated with a "
                          "warning (default 256; built-in task: --seq-len + 1)")
@@ -60,7 +68,10 @@ def register(subparsers: Any) -> None:
     cp.add_argument("--label-col", default=None,
                     help="with --data: score predictions against this column")
     cp.add_argument("--confusion", type=Path, default=None,
-                    help="with --label-col: also draw the confusion matrix to this PNG")
+                    help="with --label-col: also draw the confusion matrix to this PNG (a "
+                         "new file, unless --overwrite)")
+    cp.add_argument("--overwrite", action="store_true",
+                    help="let --confusion replace an existing file")
     cp.add_argument("--device", default="cpu")
     add_threads_option(cp)
     cp.set_defaults(handler=reporting("classify predict", _classify_predict))
@@ -96,7 +107,7 @@ def _classify_train(args: argparse.Namespace) -> int:
     run = train_classifier(data, out_dir=args.out, max_len=max_len,
                            model_overrides=model_overrides, train_overrides=train_overrides,
                            pooling=args.pooling, bucket=not args.no_bucket,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress, overwrite=args.overwrite)
     s = run.summary
     print(f"\nparameters: {s['parameters']:,}   steps: {run.result.steps}   "
           f"time: {s['seconds']:.1f}s")
@@ -122,6 +133,8 @@ def _classify_predict(args: argparse.Namespace) -> int:
 
     if args.confusion is not None and args.label_col is None:
         raise UsageError("--confusion needs --data and --label-col (the true labels)")
+    if args.confusion is not None:  # before predicting: never replace a file it did not write
+        check_output_file(args.confusion, "--confusion", overwrite=args.overwrite)
     loaded = load_classifier_run(args.run, device=args.device)
     if args.text is not None:
         texts, truth = list(args.text), None

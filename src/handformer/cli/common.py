@@ -5,14 +5,18 @@ plain lines."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Handler", "UsageError", "add_threads_option", "add_training_options",
-           "check_recipe", "positive_int", "reporting", "training_overrides"]
+__all__ = ["DROPOUT", "FRACTION", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "Handler",
+           "UsageError", "add_overwrite_option", "add_threads_option", "add_training_options",
+           "check_output_file", "check_recipe", "finite_float", "folder_arg",
+           "non_negative_int", "positive_int", "reporting", "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -32,10 +36,88 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0, or a usage error naming what was given."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text}")
+    return value
+
+
+def finite_float(low: float | None = None, high: float | None = None, *,
+                 low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number within the bounds (``low_open`` / ``high_open``
+    exclude them), else a usage error (exit 2) naming the option and the value given.
+
+    ``float()`` alone accepts ``nan``, ``inf`` and ``1e999``: NaN compares False with every
+    bound, so it slipped past every later range check (``--temperature nan`` sampled from
+    NaN, ``--lr inf`` trained a step and then failed writing JSON)."""
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+    wanted = "a finite number" + (f" {lo}" if lo else "") + (" and" if lo and hi else "") + \
+        (f" {hi}" if hi else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}; got {text!r}") from None
+        if (not math.isfinite(value)
+                or (low is not None and (value <= low if low_open else value < low))
+                or (high is not None and (value >= high if high_open else value > high))):
+            raise argparse.ArgumentTypeError(f"expected {wanted}; got {text!r}")
+        return value
+
+    parse.__name__ = "finite number"  # argparse's fallback message: "invalid finite number"
+    return parse
+
+
+# The ranges float options share (argparse types; each refuses nan and inf by name).
+POSITIVE = finite_float(0.0, low_open=True)  # learning rates, penalties
+NON_NEGATIVE = finite_float(0.0)  # temperature (0 = greedy)
+FRACTION = finite_float(0.0, 1.0, low_open=True, high_open=True)  # a validation share
+PROBABILITY = finite_float(0.0, 1.0, low_open=True)  # top-p
+DROPOUT = finite_float(0.0, 1.0, high_open=True)
+
+
+def folder_arg(text: str) -> Path:
+    """argparse type for a folder path: an empty or blank string is a usage error naming the
+    option (``Path("")`` would quietly mean the current folder, and a command would write —
+    or clean — there)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"expected a folder path; got an empty path {text!r} "
+                                         "(use '.' to mean the current folder)")
+    return Path(text)
+
+
+def add_overwrite_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--overwrite``: write into ``what`` even if it is not a new or empty folder or one
+    this command wrote before (``handformer.runs.writing_folder``)."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"write into {what} even if it holds files handformer did not write, "
+                        "another kind of output or an unfinished run; only files handformer "
+                        "wrote are ever removed")
+
+
+def check_output_file(path: Path, option: str, *, overwrite: bool,
+                      ours: Callable[[Path], bool] | None = None) -> None:
+    """Refuse (``ValueError``, a runtime refusal) to replace an existing file a command did
+    not write: ``ours(path)`` says when it did; ``overwrite`` allows it anyway. A folder
+    where the file should go is refused too."""
+    if path.is_dir():
+        raise ValueError(f"{option} {path} is a folder; give the path of a file to write")
+    if path.exists() and not overwrite and not (ours is not None and ours(path)):
+        raise ValueError(f"{option} {path} exists and handformer did not write it; give a "
+                         "new file, or pass --overwrite to replace it")
+
+
 def add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None)
     p.add_argument("--batch-size", type=positive_int, default=None)
-    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="linear warm-up steps (0 = none)")
     p.add_argument("--seed", type=int, default=None)
@@ -101,14 +183,15 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def reporting(command: str, fn: Handler) -> Handler:
-    """``fn`` run with ``--threads`` torch threads (restored afterwards) and its warnings
-    printed as ``handformer COMMAND: warning: …``."""
+    """``fn`` run with ``--threads`` torch threads (restored afterwards; a command without
+    the option keeps torch's count) and its warnings printed as
+    ``handformer COMMAND: warning: …``."""
 
     def run(args: argparse.Namespace) -> int:
         import torch
 
         threads = torch.get_num_threads()
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(getattr(args, "threads", threads))
         try:
             with _reported_warnings(f"handformer {command}"):
                 return fn(args)

@@ -1,10 +1,13 @@
-"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders."""
+"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders. The
+destination is new, empty, or one the same direction wrote before; anything else is refused
+unless ``--overwrite`` (``handformer.interop.hf_folder``)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from handformer.cli.common import add_overwrite_option, folder_arg
 
 __all__ = ["register"]
 
@@ -15,8 +18,10 @@ def register(sub: Any) -> None:
     direction.add_argument("--to", choices=["hf"], help="run folder → transformers folder")
     direction.add_argument("--from", dest="from_", choices=["hf"],
                            help="transformers folder → run folder")
-    conv.add_argument("src", type=Path, help="the folder to read")
-    conv.add_argument("dst", type=Path, help="the folder to write")
+    conv.add_argument("src", type=folder_arg, help="the folder to read")
+    conv.add_argument("dst", type=folder_arg,
+                      help="the folder to write: new, empty, or one this direction wrote")
+    add_overwrite_option(conv, "DST")
     conv.set_defaults(handler=_run)
 
 
@@ -24,9 +29,9 @@ def _run(args: argparse.Namespace) -> int:
     from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
 
     if args.to == "hf":
-        out = export_gpt2_folder(args.src, args.dst)
+        out = export_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
         print(f"wrote {out} (load it with transformers.GPT2LMHeadModel.from_pretrained)")
     else:
-        out = import_gpt2_folder(args.src, args.dst)
+        out = import_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
         print(f"wrote run folder {out} (try: handformer generate --run {out})")
     return 0

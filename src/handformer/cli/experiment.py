@@ -12,6 +12,7 @@ from handformer.bench.length_study import (
     run_length_study,
     to_markdown,
 )
+from handformer.cli.common import add_overwrite_option, folder_arg
 from handformer.nn.positional import POSITIONAL_KINDS
 
 __all__ = ["register"]
@@ -23,7 +24,10 @@ def register(sub: Any) -> None:
     which = exp.add_subparsers(dest="experiment", required=True)
     length = which.add_parser(
         "length", help="train at one length with each positional type, evaluate at 1×/2×/4×")
-    length.add_argument("--out", type=Path, default=Path("runs/length-study"))
+    length.add_argument("--out", type=folder_arg, default=Path("runs/length-study"),
+                        help="results folder: new, empty, or one the study wrote "
+                             "(default: runs/length-study)")
+    add_overwrite_option(length, "--out")
     length.add_argument("--quick", action="store_true",
                         help="smaller model and fewer steps: a few minutes on 2 CPU cores")
     length.add_argument("--train-len", type=int, default=None)
@@ -40,7 +44,8 @@ def _run_length_cli(args: Any) -> int:
     if args.steps is not None:
         settings.steps = args.steps
     results = run_length_study(args.out, settings,
-                               positionals=tuple(args.positional or POSITIONAL_KINDS))
+                               positionals=tuple(args.positional or POSITIONAL_KINDS),
+                               overwrite=args.overwrite)
     print()
     print(to_markdown(results))
     print(f"wrote {args.out}/length_study.{{md,json,png}}")

@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import UsageError
+from handformer.cli.common import (
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    UsageError,
+    non_negative_int,
+    positive_int,
+    reporting,
+)
 
 __all__ = ["register", "run_generate"]
 
@@ -21,11 +30,14 @@ def register(sub: Any) -> None:
                         help="one prompt per line, generated together as a batch")
     source.add_argument("--interactive", action="store_true",
                         help="read prompts from the terminal, one per line, until EOF")
-    gen.add_argument("--max-new-tokens", type=int, default=200)
-    gen.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    gen.add_argument("--top-k", type=int, default=None)
-    gen.add_argument("--top-p", type=float, default=None)
-    gen.add_argument("--repetition-penalty", type=float, default=1.0)
+    gen.add_argument("--max-new-tokens", type=non_negative_int, default=200)
+    gen.add_argument("--temperature", type=NON_NEGATIVE, default=0.8,
+                     help="0 = greedy; a positive value below 1e-30 also decodes greedily "
+                     "(the limit as it goes to 0)")
+    gen.add_argument("--top-k", type=positive_int, default=None)
+    gen.add_argument("--top-p", type=PROBABILITY, default=None, help="in (0, 1]")
+    gen.add_argument("--repetition-penalty", type=POSITIVE, default=1.0,
+                     help="> 0; 1 = off, 1.1-1.3 discourages repeats")
     gen.add_argument("--stop", action="append", default=[],
                      help="stop before this string (repeatable)")
     gen.add_argument("--seed", type=int, default=None)
@@ -35,7 +47,8 @@ def register(sub: Any) -> None:
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                      help="cast the model for inference (bfloat16: half the weight traffic; "
                      "logits differ from float32 in the 2nd–3rd digit)")
-    gen.set_defaults(handler=run_generate)
+    # warnings (unknown characters, a prompt cropped to the window) as plain lines
+    gen.set_defaults(handler=reporting("generate", run_generate))
 
 
 def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
@@ -44,29 +57,19 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
         return
     unknown = sorted({ch for p in prompts for ch in p if ch not in vocabulary})
     if unknown:
-        print(f"handformer generate: warning: {len(unknown)} character(s) not in the model's "
-              f"vocabulary are read as <unk>: {''.join(unknown[:20])!r}", file=sys.stderr)
+        from handformer.data.classification import DataWarning
+
+        warnings.warn(f"{len(unknown)} character(s) not in the model's vocabulary are read "
+                      f"as <unk>: {''.join(unknown[:20])!r}", DataWarning, stacklevel=2)
 
 
 def _check_options(args: argparse.Namespace) -> None:
-    """Sampling settings out of range are usage errors, found before the model is loaded."""
-    import torch
-
-    from handformer.generate import sample_next
-
-    if args.max_new_tokens < 0:
-        raise UsageError(f"--max-new-tokens must be >= 0; got {args.max_new_tokens}")
-    if args.repetition_penalty <= 0:
-        raise UsageError(f"--repetition-penalty must be > 0; got {args.repetition_penalty}")
+    """Texts that cannot work are usage errors, found before the model is loaded (the
+    numbers' ranges are checked by their argparse types)."""
     if args.prompt == "":
         raise UsageError("--prompt is empty; give at least one character")
     if any(stop == "" for stop in args.stop):
         raise UsageError("--stop strings must be non-empty")
-    try:  # the sampler's own checks of temperature, top-k and top-p, on two dummy logits
-        sample_next(torch.zeros(1, 2), temperature=args.temperature, top_k=args.top_k,
-                    top_p=args.top_p)
-    except ValueError as err:
-        raise UsageError(f"--{err}".replace("_", "-", 1)) from None
 
 
 def run_generate(args: argparse.Namespace) -> int:

@@ -9,9 +9,11 @@ from typing import Any
 
 from handformer.cli.common import (
     UsageError,
+    add_overwrite_option,
     add_threads_option,
     add_training_options,
     check_recipe,
+    folder_arg,
     positive_int,
     reporting,
     training_overrides,
@@ -28,8 +30,10 @@ def register(subparsers: Any) -> None:
     ssub = seq.add_subparsers(dest="action", required=True)
     st = ssub.add_parser("train", help="train on a built-in task")
     st.add_argument("--task", choices=sorted(SEQ2SEQ_TASKS), default="reverse")
-    st.add_argument("--out", type=Path, default=None,
-                    help="run folder (default runs/seq2seq-TASK)")
+    st.add_argument("--out", type=folder_arg, default=None,
+                    help="run folder to write: new, empty, or a run folder of `seq2seq "
+                         "train` (default runs/seq2seq-TASK)")
+    add_overwrite_option(st, "--out")
     st.add_argument("--min-len", type=positive_int, default=None)
     st.add_argument("--max-len", type=positive_int, default=None,
                     help="longest input (digits; for add: digits per number)")
@@ -60,7 +64,7 @@ def _seq2seq_train(args: argparse.Namespace) -> int:
     print(f"training an encoder-decoder on the built-in {args.task!r} task", flush=True)
     run = train_seq2seq(args.task, out_dir=out, min_len=args.min_len, max_len=args.max_len,
                         model_overrides=model_overrides, train_overrides=train_overrides,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, overwrite=args.overwrite)
     s = run.summary
     print(f"\nparameters: {s['parameters']:,}   steps: {run.result.steps}   "
           f"time: {s['seconds']:.1f}s")

@@ -10,7 +10,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import UsageError, positive_int
+from handformer.cli.common import (
+    DROPOUT,
+    POSITIVE,
+    UsageError,
+    add_overwrite_option,
+    folder_arg,
+    positive_int,
+)
 
 __all__ = ["register"]
 
@@ -27,16 +34,16 @@ def register(sub: Any) -> None:
         "folder; --resume RUN_DIR continues a run exactly from its newest checkpoint.")
     train.add_argument("--data", type=Path, default=None,
                        help="UTF-8 text file (default: Python's built-in documentation text)")
-    train.add_argument("--out", type=Path, default=None,
-                       help="run folder to write (default: runs/default)")
+    train.add_argument("--out", type=folder_arg, default=None,
+                       help="run folder to write: new, empty, or a run folder of `train` "
+                       "(default: runs/default)")
     train.add_argument("--preset", default=None, choices=sorted(PRESETS),
                        help="model + training recipe (default: default)")
-    train.add_argument("--resume", type=Path, default=None, metavar="RUN_DIR",
+    train.add_argument("--resume", type=folder_arg, default=None, metavar="RUN_DIR",
                        help="continue RUN_DIR from its newest checkpoint; the recipe, "
                        "tokenizer and data come from the run folder (only --max-steps and "
                        "--no-progress may be given)")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace an unfinished run in --out instead of refusing")
+    add_overwrite_option(train, "--out")
     train.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
                        help="characters (default) or a byte-level BPE learned on the text")
     train.add_argument("--vocab-size", type=positive_int, default=None,
@@ -46,9 +53,9 @@ def register(sub: Any) -> None:
                        help="micro-batch size (windows per forward pass)")
     train.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
                        help="accumulate N micro-batches per optimizer step")
-    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
     train.add_argument("--seed", type=int, default=None)
-    train.add_argument("--dropout", type=float, default=None)
+    train.add_argument("--dropout", type=DROPOUT, default=None, help="in [0, 1)")
     train.add_argument("--device", default=None, help="auto (default), cpu, cuda, mps")
     train.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "
@@ -106,20 +113,24 @@ def _is_main_process() -> bool:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from handformer.cli.errors import Interrupted, Terminated
-    from handformer.train.distributed import shutdown_distributed
+    import torch.distributed as torch_dist
 
-    run, started = None, time.time()
+    from handformer.cli.errors import Interrupted, Terminated
+
+    started = time.time()
     try:
-        code, run = _train(args)
+        code, _ = _train(args)
         return code
     except (KeyboardInterrupt, Terminated) as err:
         run_dir = args.resume or args.out or Path("runs/default")
         since = None if args.resume is not None else started
         raise Interrupted.from_exception(err, _resume_hint(run_dir, since)) from None
     finally:
-        if run is not None:
-            shutdown_distributed(run.dist)
+        # Leave torchrun's process group also when the job failed after joining it (rank 0
+        # refused the run folder): a process that exits in it aborts in the backend's
+        # destructor ("terminate called without an active exception").
+        if torch_dist.is_available() and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
 
 
 def _resume_hint(run_dir: Path, since: float | None) -> str:

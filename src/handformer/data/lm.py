@@ -67,7 +67,10 @@ class Batch:
 
 
 def train_val_split(ids: np.ndarray | Tensor, val_fraction: float) -> tuple[Tensor, Tensor]:
-    """Split a token stream: the *last* ``val_fraction`` is held out for validation."""
+    """Split a token stream: the *last* ``val_fraction`` (a number in [0, 1); NaN refused)
+    is held out for validation."""
+    if isinstance(val_fraction, bool) or not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be a number in [0, 1); got {val_fraction!r}")
     ids = torch.as_tensor(ids, dtype=torch.long)
     n_val = int(len(ids) * val_fraction)
     return ids[: len(ids) - n_val], ids[len(ids) - n_val :]

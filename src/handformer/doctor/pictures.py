@@ -8,7 +8,9 @@ the doctor draws, for one sample:
   their combination, and the mask each attention layer actually used on that sample (where
   its weights are non-zero).
 
-matplotlib runs with the Agg backend: no display needed.
+matplotlib runs with the Agg backend: no display needed. The folder is claimed as
+``PICTURES_FOLDER`` (``handformer.runs.writing_folder``): new, empty or one the doctor drew
+into before; another tool's folder is refused unless ``overwrite``.
 
 Shape legend: ``H`` heads, ``T`` queries, ``S`` keys.
 """
@@ -24,8 +26,12 @@ from torch import Tensor
 from handformer.doctor.checks_masks import effective_masks, padded_inputs
 from handformer.doctor.subject import Subject
 from handformer.masks import causal_mask, combine_masks
+from handformer.runs import FolderSpec, writing_folder
 
-__all__ = ["write_pictures"]
+__all__ = ["PICTURES_FOLDER", "write_pictures"]
+
+PICTURES_FOLDER = FolderSpec("doctor-pictures", "the doctor's pictures",
+                             "handformer doctor --pictures", ("attention_*.png", "masks.png"))
 
 MAX_T = 32  # longer samples make unreadable heatmaps
 
@@ -57,11 +63,16 @@ def _save(fig, path: Path) -> str:  # fig: a matplotlib Figure
     return str(path)
 
 
-def write_pictures(subject: Subject, out_dir: str | Path) -> list[str]:
-    """Draw the pictures into ``out_dir`` (created if needed); returns the written paths."""
+def write_pictures(subject: Subject, out_dir: str | Path, *,
+                   overwrite: bool = False) -> list[str]:
+    """Draw the pictures into ``out_dir`` (created if needed; claimed and locked while
+    drawing, see the module docstring); returns the written paths."""
+    with writing_folder(out_dir, PICTURES_FOLDER, overwrite=overwrite) as out:
+        return _draw(subject, out)
+
+
+def _draw(subject: Subject, out: Path) -> list[str]:
     plt = _plt()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     written: list[str] = []
     sample = subject.probe.ids[:1, :MAX_T]  # (1, T)
     labels = _labels(sample[0], subject.decode)

@@ -72,6 +72,7 @@ def run(
     causal_mask_fn: Callable[..., Tensor] | None = None,
     pictures: str | Path | None = None,
     decode: Callable[[int], str] | None = None,
+    overwrite: bool = False,
 ) -> Report:
     """Run the debugging checklist on ``model`` and return a ``Report``.
 
@@ -82,7 +83,8 @@ def run(
     model is freshly initialised (its first loss should be ≈ ln V); pass False for a trained
     one. ``lr`` and ``optimizer(params, lr)`` (default AdamW, no weight decay) drive the
     update-ratio and overfitting checks. ``causal_mask_fn(T)`` / ``(T_q, T_k)`` is checked
-    instead of handformer's builder if given. ``pictures`` is a folder for PNGs.
+    instead of handformer's builder if given. ``pictures`` is a folder for PNGs: new, empty or
+    one the doctor drew into before, unless ``overwrite`` (``RunFolderError`` otherwise).
 
     The model is left exactly as it was: parameters, buffers, gradients, train/eval flag.
     """
@@ -123,17 +125,22 @@ def run(
                 check_cache(subject),
             ]
             if pictures is not None:
-                written = write_pictures_safely(subject, pictures, checks)
+                written = write_pictures_safely(subject, pictures, checks,
+                                                overwrite=overwrite)
     return Report(checks, modules, subject.describe(), time.perf_counter() - started, written)
 
 
 def write_pictures_safely(subject: Subject, out_dir: str | Path,
-                          checks: list[CheckResult]) -> list[str]:
-    """Pictures are a view, not a check: a drawing error becomes a WARN, never a crash."""
+                          checks: list[CheckResult], *, overwrite: bool = False) -> list[str]:
+    """Pictures are a view, not a check: a drawing error becomes a WARN, never a crash. A
+    folder that may not be written (``RunFolderError``) is an error, not a drawing one."""
     from handformer.doctor.pictures import write_pictures
+    from handformer.runs import RunFolderError
 
     try:
-        return write_pictures(subject, out_dir)
+        return write_pictures(subject, out_dir, overwrite=overwrite)
+    except RunFolderError:
+        raise
     except Exception as err:  # reported in the report
         checks.append(CheckResult("output", "pictures", Status.WARN,
                                   f"could not draw the pictures: {type(err).__name__}: {err}",

@@ -17,6 +17,7 @@ Shape legend: ``B`` batch, ``T`` tokens, ``C`` model dim.
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from handformer.config import ModelConfig
-from handformer.interop.gpt2 import ConversionError
+from handformer.data.classification import DataWarning
+from handformer.interop.gpt2 import ConversionError, check_float_tensors
 from handformer.models.encoder import Encoder, pool
 from handformer.tokenizers import HFTokenizer, load_tokenizer
 
@@ -92,8 +94,10 @@ def _qkv_keys(i: int) -> list[str]:
             for n in ("query", "key", "value")]
 
 
-def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) -> Encoder:
-    """Build an ``Encoder`` holding a BERT checkpoint's weights (``bert.`` prefix or not)."""
+def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any], *,
+                         source: str = "BERT state dict") -> Encoder:
+    """Build an ``Encoder`` holding a BERT checkpoint's weights (``bert.`` prefix or not);
+    ``source`` names the file in errors."""
     if any(k.startswith("bert.") for k in state):
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
     cfg = config_from_bert(hf_config)
@@ -108,6 +112,7 @@ def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) ->
         raise ConversionError(f"BERT state dict does not match its config: missing "
                               f"{missing[:8]}{'…' if len(missing) > 8 else ''}, "
                               f"unexpected {unexpected[:8]}")
+    check_float_tensors(state, needed, source)
     new_state = {}
     for hf_key, our_key in pairs:
         if state[hf_key].shape != ours[our_key].shape:
@@ -164,10 +169,16 @@ def load_bert_folder(folder: str | Path) -> tuple[Encoder, HFTokenizer]:
     if hf_config.get("model_type") not in (None, "bert"):
         raise ConversionError(f"{folder / 'config.json'}: model_type="
                               f"{hf_config.get('model_type')!r}; expected 'bert'")
-    model = from_bert_state_dict(load_file(folder / "model.safetensors"), hf_config)
+    model = from_bert_state_dict(load_file(folder / "model.safetensors"), hf_config,
+                                 source=str(folder / "model.safetensors"))
     tokenizer = load_tokenizer(folder / "tokenizer.json")
     if not isinstance(tokenizer, HFTokenizer):
         raise ConversionError(f"{folder / 'tokenizer.json'} is not a Hugging Face tokenizer")
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ConversionError(f"{folder / 'tokenizer.json'} has {tokenizer.vocab_size} tokens "
+                              f"but {folder / 'config.json'} says vocab_size="
+                              f"{model.config.vocab_size}: the tokenizer belongs to another "
+                              "model")
     return model, tokenizer
 
 
@@ -185,11 +196,24 @@ class SentenceEncoder:
 
     @torch.no_grad()
     def embed(self, sentences: list[str], *, max_tokens: int | None = None) -> Tensor:
-        """sentences → (N, C) unit vectors, in one right-padded batch."""
+        """sentences → (N, C) unit vectors, in one right-padded batch.
+
+        A sentence longer than ``max_tokens`` (default: the model's ``max_len``, special
+        tokens included) is cut as Hugging Face cuts it — its first tokens, still closed by
+        [SEP] — with one ``DataWarning`` counting the cut sentences and the longest length.
+        """
         if not sentences:
             raise ValueError("give at least one sentence")
         limit = max_tokens or self.model.config.max_len
-        encoded = [self.tokenizer.encode(s, add_special_tokens=True)[:limit] for s in sentences]
+        encoded = [self.tokenizer.encode(s, add_special_tokens=True) for s in sentences]
+        long = [len(e) for e in encoded if len(e) > limit]
+        if long:
+            warnings.warn(f"{len(long)} of {len(encoded)} sentence(s) are longer than the "
+                          f"model's window (max_len={limit} tokens, [CLS] and [SEP] included) "
+                          f"and were cut to their first {limit} tokens; the longest has "
+                          f"{max(long)}", DataWarning, stacklevel=3)  # past no_grad's frame
+            encoded = [e if len(e) <= limit else self._truncated(s, limit)
+                       for s, e in zip(sentences, encoded, strict=True)]
         t = max(len(e) for e in encoded)
         ids = torch.full((len(encoded), t), self.tokenizer.pad_id, dtype=torch.long)
         mask = torch.zeros((len(encoded), t), dtype=torch.bool)
@@ -198,3 +222,13 @@ class SentenceEncoder:
             mask[row, : len(e)] = True
         hidden = self.model(ids, mask)  # (N, T, C)
         return F.normalize(pool(hidden, mask, "mean"), dim=-1)  # (N, C)
+
+    def _truncated(self, sentence: str, limit: int) -> list[int]:
+        """The first ``limit`` ids, cut by the tokenizer itself: the template's closing [SEP]
+        stays, as in Hugging Face's ``truncation=True``."""
+        backend = self.tokenizer.backend
+        backend.enable_truncation(max_length=limit)
+        try:
+            return list(backend.encode(sentence, add_special_tokens=True).ids)
+        finally:
+            backend.no_truncation()

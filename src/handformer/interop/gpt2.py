@@ -12,6 +12,7 @@ The mapping reads and writes plain state dicts and ``config.json`` dicts, so
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor
@@ -19,8 +20,8 @@ from torch import Tensor
 from handformer.config import ModelConfig
 from handformer.models.decoder_lm import DecoderLM
 
-__all__ = ["ConversionError", "config_from_gpt2", "config_to_gpt2", "from_gpt2_state_dict",
-           "to_gpt2_state_dict"]
+__all__ = ["ConversionError", "check_float_tensors", "config_from_gpt2", "config_to_gpt2",
+           "from_gpt2_state_dict", "to_gpt2_state_dict"]
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                 "relu": "relu"}
@@ -28,6 +29,16 @@ _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu
 
 class ConversionError(ValueError):
     """A checkpoint or configuration that does not map onto the other architecture."""
+
+
+def check_float_tensors(state: dict[str, Tensor], keys: Iterable[str], source: str) -> None:
+    """``ConversionError`` for an integer or boolean tensor where a weight belongs: loading
+    would cast it into float values silently (a model that prints garbage)."""
+    for key in keys:
+        if not state[key].is_floating_point():
+            raise ConversionError(f"{source}: tensor {key!r} holds "
+                                  f"{str(state[key].dtype).removeprefix('torch.')} values "
+                                  "where a floating-point weight belongs")
 
 
 def config_from_gpt2(hf: dict[str, Any]) -> ModelConfig:
@@ -109,8 +120,10 @@ def _key_map(cfg: ModelConfig) -> list[tuple[str, str, bool]]:
     return pairs
 
 
-def from_gpt2_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) -> DecoderLM:
-    """Build a ``DecoderLM`` holding a GPT-2 checkpoint's weights."""
+def from_gpt2_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any], *,
+                         source: str = "GPT-2 state dict") -> DecoderLM:
+    """Build a ``DecoderLM`` holding a GPT-2 checkpoint's weights (``source`` names the file
+    in errors)."""
     cfg = config_from_gpt2(hf_config)
     model = DecoderLM(cfg)
     ours = model.state_dict()
@@ -123,6 +136,7 @@ def from_gpt2_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any]) ->
         raise ConversionError(f"GPT-2 state dict does not match its config: missing "
                               f"{missing[:8]}{'…' if len(missing) > 8 else ''}, "
                               f"unexpected {unexpected[:8]}")
+    check_float_tensors(state, [k for k, _, _ in pairs], source)
     new_state = {}
     for hf_key, our_key, transpose in pairs:
         tensor = state[hf_key].t() if transpose else state[hf_key]

@@ -3,10 +3,16 @@
 A Hugging Face folder holds ``config.json``, ``model.safetensors`` (or the older
 ``pytorch_model.bin``) and usually ``tokenizer.json``. Reading never unpickles arbitrary
 objects: safetensors, or ``torch.load(weights_only=True)`` for ``.bin`` files.
+
+Both directions write their destination through ``handformer.runs.writing_folder``: a new or
+empty folder, or one the same direction wrote before; anything else is refused unless
+``overwrite`` (and even then only handformer's own files are removed). The source folder is
+never the destination.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -21,9 +27,23 @@ from handformer.interop.gpt2 import (
     from_gpt2_state_dict,
     to_gpt2_state_dict,
 )
+from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
 from handformer.tokenizers import HFTokenizer, load_tokenizer
 
-__all__ = ["export_gpt2_folder", "import_gpt2_folder"]
+__all__ = ["HF_FOLDER", "export_gpt2_folder", "import_gpt2_folder"]
+
+
+# What ``export_gpt2_folder`` writes (the ``.tmp`` is a crash's leftover at most).
+HF_FOLDER = FolderSpec("hf", "a Hugging Face model folder", "handformer convert --to hf",
+                       ("model.safetensors", "model.safetensors.tmp", "config.json",
+                        "tokenizer.json", "handformer_tokenizer.json"))
+
+
+def _distinct(src: Path, dst: Path) -> None:
+    """Refuse to write a conversion over the folder it reads."""
+    if dst.exists() and src.exists() and dst.resolve() == src.resolve():
+        raise ConversionError(f"the destination {dst} is the source folder; give a new "
+                              "folder to write the converted model to")
 
 
 def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
@@ -38,11 +58,16 @@ def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     raise ConversionError(f"{folder} has neither model.safetensors nor pytorch_model.bin")
 
 
-def import_gpt2_folder(src: str | Path, run_dir: str | Path) -> Path:
-    """A ``transformers`` GPT-2 folder → a handformer run folder (weights, config, tokenizer)."""
+def import_gpt2_folder(src: str | Path, run_dir: str | Path, *,
+                       overwrite: bool = False) -> Path:
+    """A ``transformers`` GPT-2 folder → a handformer run folder (weights, config, tokenizer).
+    ``run_dir`` is claimed as a language-model run (see the module docstring)."""
     from handformer.runs import save_run
 
-    src = Path(src)
+    src, run_dir = Path(src), folder_path(run_dir)
+    spec = dataclasses.replace(LM_FOLDER, command="handformer convert --from hf")
+    _distinct(src, run_dir)
+    check_destination(run_dir, spec, overwrite=overwrite)
     config_path = src / "config.json"
     if not config_path.is_file():
         raise ConversionError(f"{src} has no config.json; expected a Hugging Face model folder")
@@ -56,35 +81,40 @@ def import_gpt2_folder(src: str | Path, run_dir: str | Path) -> Path:
     state = _read_state_dict(src)
     if not any(k.startswith("transformer.") for k in state):  # a bare GPT2Model checkpoint
         state = {f"transformer.{k}": v for k, v in state.items()}
-    model = from_gpt2_state_dict(state, hf_config)
+    model = from_gpt2_state_dict(state, hf_config, source=str(src))
     tokenizer = load_tokenizer(src / "tokenizer.json")
     if tokenizer.vocab_size > model.config.vocab_size:
-        raise ConversionError(f"tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                              f"{model.config.vocab_size}")
-    return save_run(run_dir, model, tokenizer,
-                    extra={"converted_from": str(src.resolve())})
+        raise ConversionError(f"{src / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but "
+                              f"{config_path} says vocab_size={model.config.vocab_size}")
+    with writing_folder(run_dir, spec, overwrite=overwrite):
+        return save_run(run_dir, model, tokenizer,
+                        extra={"converted_from": str(src.resolve())})
 
 
-def export_gpt2_folder(run_dir: str | Path, out: str | Path) -> Path:
+def export_gpt2_folder(run_dir: str | Path, out: str | Path, *,
+                       overwrite: bool = False) -> Path:
     """A handformer run folder → a folder ``GPT2LMHeadModel.from_pretrained`` loads.
 
     A character vocabulary has no ``transformers`` tokenizer class; it is copied as
     ``handformer_tokenizer.json`` beside the model. Hugging Face tokenizers are copied as
-    ``tokenizer.json``.
+    ``tokenizer.json``. ``out`` is claimed as ``HF_FOLDER`` (see the module docstring).
     """
     from handformer.runs import load_run
 
+    out = folder_path(out)
+    _distinct(Path(run_dir), out)
+    check_destination(out, HF_FOLDER, overwrite=overwrite)
     run = load_run(run_dir, kind="lm")
     model, tokenizer = run.model, run.tokenizer
     hf_config = config_to_gpt2(model.config)
     state = to_gpt2_state_dict(model)
     del state["lm_head.weight"]  # tied to transformer.wte.weight, stored once
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "model.safetensors.tmp"
-    save_file(state, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out / "model.safetensors")
-    atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2))
-    name = "tokenizer.json" if isinstance(tokenizer, HFTokenizer) else "handformer_tokenizer.json"
-    shutil.copyfile(Path(run_dir) / "tokenizer.json", out / name)
+    with writing_folder(out, HF_FOLDER, overwrite=overwrite):
+        tmp = out / "model.safetensors.tmp"
+        save_file(state, str(tmp), metadata={"format": "pt"})
+        tmp.replace(out / "model.safetensors")
+        atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2))
+        name = "tokenizer.json" if isinstance(tokenizer, HFTokenizer) \
+            else "handformer_tokenizer.json"
+        shutil.copyfile(Path(run_dir) / "tokenizer.json", out / name)
     return out

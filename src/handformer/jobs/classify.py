@@ -22,6 +22,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,17 @@ from handformer.data.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.loss import classification_loss
 from handformer.models.budget import Estimate, check_fits, check_training
 from handformer.models.encoder import EncoderClassifier
-from handformer.runs import Run, load_run, save_run
+from handformer.runs import (
+    CLASSIFIER_FOLDER,
+    Run,
+    check_destination,
+    folder_path,
+    load_run,
+    save_run,
+    writing_folder,
+)
 from handformer.runs.files import METRICS, SUMMARY, write_json
+from handformer.runs.guard import CONFUSION
 from handformer.tokenizers import CharTokenizer
 from handformer.train.callbacks import MetricsWriter
 from handformer.train.trainer import Trainer, TrainResult, pick_device
@@ -64,7 +74,7 @@ __all__ = [
     "train_classifier",
 ]
 
-CONFUSION_PNG = "confusion.png"
+CONFUSION_PNG = CONFUSION
 
 # -- data -------------------------------------------------------------------------------
 @dataclass
@@ -249,9 +259,17 @@ def train_classifier(
     pooling: str = "cls",
     bucket: bool = True,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> ClassifierRun:
     """Train an ``EncoderClassifier`` on ``data``; write a run folder unless ``out_dir``
-    is ``None``. Texts longer than ``max_len`` tokens (``<bos>`` included) are truncated."""
+    is ``None``. Texts longer than ``max_len`` tokens (``<bos>`` included) are truncated.
+
+    ``out_dir`` must be new, empty or a classifier run (replaced); anything else is refused
+    with a ``RunFolderError`` before training unless ``overwrite`` (``runs.writing_folder``:
+    even then only handformer's own files are removed). It is locked while the job writes."""
+    run_dir = None if out_dir is None else folder_path(out_dir)
+    if run_dir is not None:
+        check_destination(run_dir, CLASSIFIER_FOLDER, overwrite=overwrite)
     tokenizer = CharTokenizer.from_text("".join(data.train_texts))
     labels = LabelVocab.from_labels(data.train_labels, source="the training data")
     train_y = labels.encode(data.train_labels, source="the training data")
@@ -276,39 +294,41 @@ def train_classifier(
                                           bucket=bucket, pad_id=tokenizer.pad_id)
     val_batches = ClassificationBatches(val_ids, val_y, train_cfg.batch_size, bucket=True,
                                         pad_id=tokenizer.pad_id).fixed_batches()
-    run_dir = None if out_dir is None else Path(out_dir)
-    evaluator = ClassifierEvalLog(model, val_batches,
-                                  None if run_dir is None else run_dir / METRICS)
-    trainer = Trainer(model, train_cfg, train_batch=train_batches, val_batches=val_batches,
-                      loss_fn=classification_loss, callbacks=[evaluator], progress=progress)
-    start = time.perf_counter()
-    result = trainer.fit()
-    report = evaluate_classifier(model, val_batches)
-    counts = torch.bincount(torch.tensor(val_y), minlength=len(labels))
-    summary = {
-        "source": data.source,
-        "labels": labels.labels,
-        "num_train": len(train_ids),
-        "num_val": len(val_ids),
-        "val_accuracy": report["accuracy"],
-        "val_macro_f1": report["macro_f1"],
-        "confusion": report["confusion"],
-        "chance": data.chance if data.chance is not None else 1.0 / len(labels),
-        "majority_baseline": float(counts.max()) / max(len(val_y), 1),
-        "seconds": time.perf_counter() - start,
-        "median_step_ms": result.median_step_ms,
-        "parameters": model.num_parameters(),
-        "max_len": max_len,
-    }
-    if run_dir is not None:
-        save_run(run_dir, model, tokenizer, train_cfg, labels=labels,
-                 extra={"summary": summary})
-        write_json(run_dir / SUMMARY, summary)
-        plot_confusion(report["confusion"], labels.labels, run_dir / CONFUSION_PNG,
-                       title=f"validation ({len(val_y)} examples)\naccuracy "
-                             f"{report['accuracy']:.3f}, macro-F1 {report['macro_f1']:.3f}")
-    return ClassifierRun(run_dir, model, tokenizer, labels, config, train_cfg, result, report,
-                         summary, evaluator.history)
+    with ExitStack() as held:
+        if run_dir is not None:  # claimed and locked until the run folder is complete
+            held.enter_context(writing_folder(run_dir, CLASSIFIER_FOLDER, overwrite=overwrite))
+        evaluator = ClassifierEvalLog(model, val_batches,
+                                      None if run_dir is None else run_dir / METRICS)
+        trainer = Trainer(model, train_cfg, train_batch=train_batches, val_batches=val_batches,
+                          loss_fn=classification_loss, callbacks=[evaluator], progress=progress)
+        start = time.perf_counter()
+        result = trainer.fit()
+        report = evaluate_classifier(model, val_batches)
+        counts = torch.bincount(torch.tensor(val_y), minlength=len(labels))
+        summary = {
+            "source": data.source,
+            "labels": labels.labels,
+            "num_train": len(train_ids),
+            "num_val": len(val_ids),
+            "val_accuracy": report["accuracy"],
+            "val_macro_f1": report["macro_f1"],
+            "confusion": report["confusion"],
+            "chance": data.chance if data.chance is not None else 1.0 / len(labels),
+            "majority_baseline": float(counts.max()) / max(len(val_y), 1),
+            "seconds": time.perf_counter() - start,
+            "median_step_ms": result.median_step_ms,
+            "parameters": model.num_parameters(),
+            "max_len": max_len,
+        }
+        if run_dir is not None:
+            save_run(run_dir, model, tokenizer, train_cfg, labels=labels,
+                     extra={"summary": summary})
+            write_json(run_dir / SUMMARY, summary)
+            plot_confusion(report["confusion"], labels.labels, run_dir / CONFUSION_PNG,
+                           title=f"validation ({len(val_y)} examples)\naccuracy "
+                                 f"{report['accuracy']:.3f}, macro-F1 {report['macro_f1']:.3f}")
+        return ClassifierRun(run_dir, model, tokenizer, labels, config, train_cfg, result, report,
+                             summary, evaluator.history)
 
 
 # -- the run folder ---------------------------------------------------------------------

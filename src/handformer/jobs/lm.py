@@ -7,7 +7,9 @@
       tensorboard/                                     with --tensorboard
 
 The CLI's ``handformer train`` is a thin shell around ``train_lm`` and
-``resume_lm``.
+``resume_lm``. Both hold the run folder's lock (``handformer.runs``) from before the first
+write to the end, on rank 0 only under torchrun; ``train_lm`` writes only into a new or empty
+folder or a run folder of its own (``runs.guard``).
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import hashlib
 import json
 import math
 import random
-import shutil
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -31,8 +34,18 @@ from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
 from handformer.models.budget import TEXT_BYTES_PER_CHAR, check_training
 from handformer.models.decoder_lm import DecoderLM
-from handformer.runs import save_run
-from handformer.runs.files import METRICS, SUMMARY
+from handformer.runs import (
+    LM_FOLDER,
+    FolderLock,
+    RunFolderError,
+    check_destination,
+    folder_path,
+    save_run,
+    writing_folder,
+)
+from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
+from handformer.runs.files import METRICS, SUMMARY, TOKENIZER, WEIGHTS
+from handformer.runs.guard import CHECKPOINTS, LOSS_CURVE, TENSORBOARD
 from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
     LossCurvePlot,
@@ -53,7 +66,6 @@ from handformer.train.trainer import Trainer, TrainResult, pick_device
 
 __all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_lm", "train_lm"]
 
-CHECKPOINTS, LOSS_CURVE, TENSORBOARD = "checkpoints", "loss_curve.png", "tensorboard"
 BUILTIN_SOURCE = "builtin:pydoc_data.topics"
 
 
@@ -143,26 +155,25 @@ def load_recorded_text(record: dict[str, Any] | None, run_dir: Path) -> str:
 
 
 # -- run folders ----------------------------------------------------------------------------
-def _is_finished(info: CheckpointInfo) -> bool:
-    try:
-        return read_checkpoint_json(info.path, "trainer_state.json", verify=False).get(
-            "finished") is True
-    except CheckpointError:
-        return False
+T = TypeVar("T")
 
 
-def prepare_fresh_run_dir(out_dir: Path, *, overwrite: bool) -> None:
-    """A fresh run replaces a *finished* earlier run in ``out_dir``; an unfinished one (a
-    crash, a kill) is kept unless ``overwrite``, since it is what ``--resume`` needs."""
-    found = list_checkpoints(out_dir / CHECKPOINTS)
-    if found and not overwrite and not _is_finished(found[-1]):
-        raise ValueError(
-            f"{out_dir} holds an unfinished run (last checkpoint: step {found[-1].step}); "
-            f"continue it with `handformer train --resume {out_dir}`, or pass --overwrite "
-            "to replace it")
-    for sub in (CHECKPOINTS, TENSORBOARD):
-        if (out_dir / sub).exists():
-            shutil.rmtree(out_dir / sub)
+def on_rank0_first(dist: DistContext, step: Callable[[], T]) -> T | None:
+    """``step()`` on rank 0 only (checking, claiming or locking the run folder); a refusal
+    there is raised on every rank, so no rank waits in a collective for one that left.
+    Returns ``step()``'s value on rank 0, None elsewhere."""
+    result, error = None, None
+    if dist.is_main:
+        try:
+            result = step()
+        except (ValueError, OSError) as err:
+            error = err
+    refused = dist.broadcast_object(None if error is None else str(error))
+    if error is not None:
+        raise error
+    if refused is not None:
+        raise RunFolderError(f"rank 0 refused: {refused}")
+    return result
 
 
 def _checkpoint_files(model_cfg: ModelConfig, train_cfg: TrainConfig,
@@ -189,9 +200,6 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
     val_windows = LMWindows(val_ids, train_cfg.block_size, name="validation split")
     val_batches = val_windows.fixed_batches(train_cfg.eval_batches, train_cfg.batch_size)
 
-    if dist.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
     # Every rank holds the manager (they must agree on when to save: under FSDP saving is a
     # collective), but only rank 0 writes through it.
     manager = CheckpointManager(out_dir / CHECKPOINTS, keep_last=train_cfg.keep_last,
@@ -280,6 +288,10 @@ def train_lm(
     # The process group comes first (a BPE is learned on rank 0 and sent to the others); it
     # needs only the training recipe's device, not the model, whose vocabulary is unknown yet.
     dist = distributed_context(build_train_config(preset, train_overrides))
+    out_dir = folder_path(out_dir)
+    # Refuse a folder that is not ours before the (possibly long) BPE training; nothing is
+    # written until the configs are known to build.
+    on_rank0_first(dist, lambda: check_destination(out_dir, LM_FOLDER, overwrite=overwrite))
     if tokenizer == "char":
         tokenizer_obj: Tokenizer = CharTokenizer.from_text(text)
     else:
@@ -291,16 +303,31 @@ def train_lm(
                                          train_overrides)
     if train_cfg.tensorboard:
         require_tensorboard()  # fail before anything is written or trained
-    check_budget(model_cfg, train_cfg, len(text))
-    out_dir = Path(out_dir)
-    if dist.is_main:
-        prepare_fresh_run_dir(out_dir, overwrite=overwrite)
-    dist.barrier()
-    seed_everything(train_cfg.seed)
-    model = DecoderLM(model_cfg)
-    return _run(text, tokenizer_obj, model, model_cfg, train_cfg, out_dir,
-                data_record(text, data_source), resume=None, progress=progress,
-                sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
+    check_budget(model_cfg, train_cfg, len(text))  # before anything is claimed or built
+    with ExitStack() as held:
+        # Claimed (an earlier run of ours cleared, a foreign folder refused) and locked
+        # until the run folder is complete.
+        on_rank0_first(dist, lambda: held.enter_context(
+            writing_folder(out_dir, LM_FOLDER, overwrite=overwrite)))
+        seed_everything(train_cfg.seed)
+        model = DecoderLM(model_cfg)
+        return _run(text, tokenizer_obj, model, model_cfg, train_cfg, out_dir,
+                    data_record(text, data_source), resume=None, progress=progress,
+                    sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
+
+
+def _check_covers(tokenizer: Tokenizer, text: str, path: Path) -> None:
+    """A character tokenizer is learned from the whole training text, so every character of
+    that text is in it; one that is not means ``path`` is another run's tokenizer, and
+    resuming would train on ``<unk>``."""
+    if not isinstance(tokenizer, CharTokenizer):
+        return  # byte-level BPE reads any text
+    unknown = sorted(set(text) - set(tokenizer.stoi))
+    if unknown:
+        shown = "".join(unknown[:20])
+        raise CheckpointError(f"{path} lacks {len(unknown)} character(s) of the training text "
+                              f"({shown!r}): it is not the tokenizer this run was trained "
+                              "with, and resuming would train on <unk>")
 
 
 def resume_lm(
@@ -335,6 +362,11 @@ def resume_lm(
             raise
         raise CheckpointError(f"{config_file} or tokenizer.json: cannot rebuild the run "
                               f"({type(err).__name__}: {err})") from None
+    # The files must belong together before anything is allocated or trained.
+    check_tokenizer_fits(tokenizer, model_cfg, info.path / TOKENIZER, config_file,
+                         error=CheckpointError)
+    check_weights_fit(build_skeleton(lambda: DecoderLM(model_cfg)), info.path / WEIGHTS,
+                      config_file, error=CheckpointError)
     if max_steps is not None:
         train_cfg = dataclasses.replace(train_cfg, max_steps=max_steps)
     if strategy is not None:
@@ -350,9 +382,14 @@ def resume_lm(
         text = load_recorded_text(data, run_dir)
     elif _fingerprint(text) != data.get("sha256"):
         raise ValueError(f"the text given differs from the one {run_dir} was trained on")
+    _check_covers(tokenizer, text, info.path / TOKENIZER)
     check_budget(model_cfg, train_cfg, len(text))
     dist = distributed_context(train_cfg)
-    model = DecoderLM(model_cfg)
-    return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
-                progress=progress, sample_prompt=sample_prompt, sample_tokens=sample_tokens,
-                dist=dist)
+    with ExitStack() as held:
+        # Locked (not claimed: the run continues in place) until the run folder is complete.
+        on_rank0_first(dist, lambda: held.enter_context(
+            FolderLock(run_dir, command="handformer train --resume")))
+        model = DecoderLM(model_cfg)
+        return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
+                    progress=progress, sample_prompt=sample_prompt,
+                    sample_tokens=sample_tokens, dist=dist)

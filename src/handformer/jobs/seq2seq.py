@@ -14,7 +14,9 @@ Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``V`` vocab
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +26,21 @@ from torch import Tensor, nn
 
 from handformer.config import SEQ2SEQ_PRESET, ModelConfig, Seq2SeqConfig, TrainConfig
 from handformer.data import Batch
+from handformer.data.classification import DataWarning
 from handformer.data.padding import pad_sequences
 from handformer.data.seq2seq import Seq2SeqBatch, collate_pairs, encode_sources
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import lm_loss
 from handformer.models.budget import check_training
 from handformer.models.seq2seq import EncoderDecoder, greedy_decode
-from handformer.runs import load_run, save_run
+from handformer.runs import (
+    SEQ2SEQ_FOLDER,
+    check_destination,
+    folder_path,
+    load_run,
+    save_run,
+    writing_folder,
+)
 from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.tokenizers import CharTokenizer
 from handformer.train.callbacks import MetricsWriter
@@ -53,29 +63,58 @@ def seq2seq_forward(model: nn.Module, batch: Batch) -> Tensor:
     return model(batch.src, batch.ids, batch.src_mask, batch.padding_mask)
 
 
+def _fit_sources(src: list[list[int]], window: int, eos_id: int,
+                 warn: bool) -> list[list[int]]:
+    """Sources cut to the encoder's window (their first characters, still ending in
+    ``<eos>``); with ``warn``, one ``DataWarning`` counts them. Past its window an encoder
+    with learned positions fails and the others read positions they never trained on."""
+    long = [len(ids) for ids in src if len(ids) > window]
+    if long and warn:
+        warnings.warn(f"{len(long)} of {len(src)} source(s) are longer than the encoder's "
+                      f"window (max_len={window} tokens, <eos> included) and were cut to "
+                      f"their first {window - 1} characters; the longest has {max(long)} "
+                      "tokens", DataWarning, stacklevel=3)
+    return [ids if len(ids) <= window else [*ids[: window - 1], eos_id] for ids in src]
+
+
 @torch.no_grad()
 def translate(model: EncoderDecoder, tokenizer: CharTokenizer, sources: Sequence[str], *,
-              max_new_tokens: int | None = None, batch_size: int = 256) -> list[str]:
-    """Greedy outputs for ``sources`` (decoding stops at ``<eos>``)."""
+              max_new_tokens: int | None = None, batch_size: int = 256,
+              warn: bool = True) -> list[str]:
+    """Greedy outputs for ``sources`` (decoding stops at ``<eos>``).
+
+    Sources longer than the encoder's window are cut to it; outputs are at most the
+    decoder's window (or ``max_new_tokens``) long. With ``warn`` (default) each cut is
+    one ``DataWarning`` with the lengths: sources cut, and outputs that filled the window
+    without an ``<eos>`` (so may be cut short). Evaluation during training passes False.
+    """
     device = next(model.parameters()).device
     limit = max_new_tokens or model.config.decoder.max_len
     outputs: list[str] = []
+    unfinished = 0
     for start in range(0, len(sources), batch_size):
-        src = encode_sources(sources[start : start + batch_size], tokenizer)
+        src = _fit_sources(encode_sources(sources[start : start + batch_size], tokenizer),
+                           model.config.encoder.max_len, tokenizer.eos_id, warn)
         src_ids, src_mask = pad_sequences(src, tokenizer.pad_id)  # (B, S), (B, S)
         out = greedy_decode(model, src_ids.to(device), src_mask.to(device),
                             bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                             max_new_tokens=limit, pad_id=tokenizer.pad_id)  # (B, N)
         for row in out.tolist():
             cut = row.index(tokenizer.eos_id) if tokenizer.eos_id in row else len(row)
+            unfinished += cut == limit
             outputs.append(tokenizer.decode(row[:cut]))
+    if unfinished and warn:
+        warnings.warn(f"{unfinished} of {len(sources)} output(s) filled the decoder's window "
+                      f"({limit} tokens) without <eos> and may be cut short", DataWarning,
+                      stacklevel=3)
     return outputs
 
 
 def exact_match(model: EncoderDecoder, tokenizer: CharTokenizer,
                 pairs: Sequence[tuple[str, str]]) -> float:
-    """Share of pairs whose greedy output equals the target exactly."""
-    predicted = translate(model, tokenizer, [s for s, _ in pairs])
+    """Share of pairs whose greedy output equals the target exactly (no warnings: an
+    untrained model runs to the window all the time)."""
+    predicted = translate(model, tokenizer, [s for s, _ in pairs], warn=False)
     return sum(p == t for p, (_, t) in zip(predicted, pairs, strict=True)) / max(len(pairs), 1)
 
 
@@ -121,8 +160,17 @@ def train_seq2seq(
     model_overrides: dict[str, Any] | None = None,
     train_overrides: dict[str, Any] | None = None,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Seq2SeqRun:
-    """Train an ``EncoderDecoder`` on a built-in task; held-out exact match at the end."""
+    """Train an ``EncoderDecoder`` on a built-in task; held-out exact match at the end.
+
+    ``out_dir`` (None: write nothing) must be new, empty or a seq2seq run (replaced);
+    anything else is refused with a ``RunFolderError`` before training unless ``overwrite``
+    (``runs.writing_folder``: even then only handformer's own files are removed). It is
+    locked while the job writes."""
+    run_dir = None if out_dir is None else folder_path(out_dir)
+    if run_dir is not None:
+        check_destination(run_dir, SEQ2SEQ_FOLDER, overwrite=overwrite)
     if task not in SEQ2SEQ_TASKS:
         raise ValueError(f"unknown seq2seq task {task!r}; expected one of {sorted(SEQ2SEQ_TASKS)}")
     spec = SEQ2SEQ_TASKS[task]
@@ -155,35 +203,38 @@ def train_seq2seq(
 
     val_batches = [collate_pairs(val_pairs[i : i + 256], tokenizer)
                    for i in range(0, len(val_pairs), 256)]
-    run_dir = None if out_dir is None else Path(out_dir)
-    evaluator = Seq2SeqEvalLog(model, tokenizer, val_pairs,
-                               None if run_dir is None else run_dir / METRICS)
-    trainer = Trainer(model, train_cfg, train_batch=train_batch, val_batches=val_batches,
-                      loss_fn=lm_loss, forward_fn=seq2seq_forward, callbacks=[evaluator],
-                      progress=progress)
-    start = time.perf_counter()
-    result = trainer.fit()
-    summary = {
-        "task": task,
-        "description": spec.description,
-        "min_len": min_len,
-        "max_len": max_len,
-        "num_val": len(val_pairs),
-        "val_exact_match": exact_match(model, tokenizer, val_pairs),
-        "final_val_loss": result.final_val_loss,
-        "seconds": time.perf_counter() - start,
-        "median_step_ms": result.median_step_ms,
-        "parameters": model.num_parameters(),
-        "examples": [{"source": s, "target": t, "output": o} for (s, t), o in
-                     zip(val_pairs[:5], translate(model, tokenizer,
-                                                  [s for s, _ in val_pairs[:5]]), strict=True)],
-    }
-    if run_dir is not None:
-        save_run(run_dir, model, tokenizer, train_cfg,
-                 extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
-                                "summary": summary})
-        write_json(run_dir / SUMMARY, summary)
-    return Seq2SeqRun(run_dir, model, tokenizer, train_cfg, result, summary, evaluator.history)
+    with ExitStack() as held:
+        if run_dir is not None:  # claimed and locked until the run folder is complete
+            held.enter_context(writing_folder(run_dir, SEQ2SEQ_FOLDER, overwrite=overwrite))
+        evaluator = Seq2SeqEvalLog(model, tokenizer, val_pairs,
+                                   None if run_dir is None else run_dir / METRICS)
+        trainer = Trainer(model, train_cfg, train_batch=train_batch, val_batches=val_batches,
+                          loss_fn=lm_loss, forward_fn=seq2seq_forward, callbacks=[evaluator],
+                          progress=progress)
+        start = time.perf_counter()
+        result = trainer.fit()
+        summary = {
+            "task": task,
+            "description": spec.description,
+            "min_len": min_len,
+            "max_len": max_len,
+            "num_val": len(val_pairs),
+            "val_exact_match": exact_match(model, tokenizer, val_pairs),
+            "final_val_loss": result.final_val_loss,
+            "seconds": time.perf_counter() - start,
+            "median_step_ms": result.median_step_ms,
+            "parameters": model.num_parameters(),
+            "examples": [{"source": s, "target": t, "output": o} for (s, t), o in
+                         zip(val_pairs[:5], translate(model, tokenizer,
+                                                      [s for s, _ in val_pairs[:5]], warn=False),
+                             strict=True)],
+        }
+        if run_dir is not None:
+            save_run(run_dir, model, tokenizer, train_cfg,
+                     extra={"task": {"name": task, "min_len": min_len, "max_len": max_len},
+                                    "summary": summary})
+            write_json(run_dir / SUMMARY, summary)
+        return Seq2SeqRun(run_dir, model, tokenizer, train_cfg, result, summary, evaluator.history)
 
 
 @dataclass

@@ -166,7 +166,10 @@ def check_model_fits(config: AnyModelConfig, who: str) -> None:
     """Refuse to build ``who`` (a model class's name) whose weights cannot fit in the host's
     memory, where every model is first built. Model constructors call this first: a config
     read from a file (a run folder, ``doctor --config``) may ask for anything. An encoder or
-    decoder's ``ModelConfig`` is counted as a ``DecoderLM``'s (within one head matrix)."""
+    decoder's ``ModelConfig`` is counted as a ``DecoderLM``'s (within one head matrix). On
+    the ``meta`` device (a skeleton: shapes without memory) nothing is checked."""
+    if torch.get_default_device().type == "meta":
+        return
     check_fits(parameter_estimate(config, what=f"building this {who}"), "cpu")
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig
+from handformer.masks import check_padding_mask
 from handformer.nn.dropout import apply_dropout
 from handformer.nn.positional import build_positional
 
@@ -35,8 +36,9 @@ def check_ids(ids: Tensor, padding_mask: Tensor | None, vocab_size: int, who: st
     """Raise ``ValueError`` naming expected vs received for bad ids or padding masks.
 
     ids must be (B, T) integers with T ≥ 1 and every id in [0, vocab_size); a padding mask
-    must be bool (B, T), True on real tokens. Unless ``allow_empty_rows``, every row needs at
-    least one real token (a pooled encoder has nothing to pool otherwise). The range check
+    must be bool (B, T), True on real tokens — a float or int one is refused with the way to
+    convert it (``handformer.masks.check_padding_mask``). Unless ``allow_empty_rows``, every
+    row needs at least one real token (a pooled encoder has nothing to pool). The range check
     reads the ids once (one host sync): run it at entry points, not per generated token.
     """
     if ids.dim() != 2:
@@ -46,11 +48,7 @@ def check_ids(ids: Tensor, padding_mask: Tensor | None, vocab_size: int, who: st
     if ids.shape[1] == 0:
         raise ValueError(f"{who}: ids have no tokens (T = 0); got {tuple(ids.shape)}")
     if padding_mask is not None:
-        if padding_mask.shape != ids.shape or padding_mask.dtype != torch.bool:
-            raise ValueError(
-                f"{who}: padding_mask must be bool (B, T) = {tuple(ids.shape)} with True on "
-                f"real tokens; got {padding_mask.dtype} {tuple(padding_mask.shape)}"
-            )
+        check_padding_mask(padding_mask, tuple(ids.shape), who)
         if not allow_empty_rows:
             empty = (~padding_mask.any(dim=1)).nonzero().flatten().tolist()
             if empty:

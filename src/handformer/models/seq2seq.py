@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig, Seq2SeqConfig
-from handformer.masks import combine_masks
+from handformer.masks import check_padding_mask, combine_masks
 from handformer.models.budget import check_model_fits
 from handformer.models.embedding import TokenEmbedding, check_ids
 from handformer.models.encoder import Encoder
@@ -74,9 +74,8 @@ class Decoder(nn.Module):
         if memory.dim() != 3 or memory.shape[0] != ids.shape[0]:
             raise ValueError(f"Decoder expects memory (B, S, C) with B = {ids.shape[0]}; got "
                              f"{tuple(memory.shape)}")
-        if memory_mask is not None and memory_mask.shape != memory.shape[:2]:
-            raise ValueError(f"memory_mask must be (B, S) = {tuple(memory.shape[:2])}; got "
-                             f"{tuple(memory_mask.shape)}")
+        if memory_mask is not None:
+            check_padding_mask(memory_mask, tuple(memory.shape[:2]), "Decoder", "memory_mask")
         if cache is not None:
             if padding_mask is not None:
                 raise ValueError("cached decoding takes no target padding_mask")

@@ -27,6 +27,7 @@ from handformer.data.classification import DatasetError, LabelVocab
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.encoder import EncoderClassifier
 from handformer.models.seq2seq import EncoderDecoder
+from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
 from handformer.runs.files import (
     CONFIG,
     LABELS,
@@ -131,7 +132,9 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
     explorer takes ``("lm", "classifier")``): a folder of another kind is refused by name,
     before anything is built. Raises ``RunFolderError`` naming the file for a
     missing folder or file, unreadable JSON, a config that does not build, a tokenizer that
-    does not load, or weights that do not fit the config.
+    does not load or has more tokens than the model's vocabulary, or weights that do not fit
+    the config (names, shapes, float dtypes: checked from the file's header against a meta-
+    device skeleton before the model is allocated; see ``runs.consistency``).
     """
     run_dir = check_run_dir(run_dir, (WEIGHTS, CONFIG, TOKENIZER))
     config = read_json(run_dir / CONFIG)
@@ -142,8 +145,8 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         raise RunFolderError(f"{run_dir} holds a {found} run (written by "
                              f"`{RUN_KINDS[found][1]}`); this needs {needed}")
     key = RUN_KINDS[found][0]
-    try:
-        model = _build(found, config[key])
+    try:  # on the meta device: nothing is allocated until config and files agree
+        skeleton = build_skeleton(lambda: _build(found, config[key]))
     except (KeyError, TypeError, ValueError) as err:
         raise RunFolderError(f"{run_dir / CONFIG}: cannot rebuild the model from {key!r} "
                              f"({type(err).__name__}: {err})") from None
@@ -152,6 +155,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
     except (KeyError, TypeError, ValueError, OSError) as err:
         raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
                              f"({type(err).__name__}: {err})") from None
+    check_tokenizer_fits(tokenizer, skeleton.config, run_dir / TOKENIZER, run_dir / CONFIG)
     labels = None
     if found == "classifier":
         check_run_dir(run_dir, (LABELS,))
@@ -159,9 +163,11 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
             labels = LabelVocab.load(run_dir / LABELS)
         except (DatasetError, ValueError, OSError) as err:
             raise RunFolderError(f"{run_dir / LABELS}: cannot read the labels ({err})") from None
-        classes = model.config.num_classes  # type: ignore[union-attr]
+        classes = skeleton.config.num_classes  # type: ignore[union-attr]
         if len(labels) != classes:
             raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
                                  f"model has {classes} classes")
+    check_weights_fit(skeleton, run_dir / WEIGHTS, run_dir / CONFIG)
+    model = _build(found, config[key])
     load_weights(model, run_dir / WEIGHTS, device=device)
     return Run(run_dir, found, model.to(device).eval(), tokenizer, config, labels)

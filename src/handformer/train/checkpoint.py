@@ -39,11 +39,13 @@ from torch import nn
 
 from handformer.atomic import atomic_write_text, fsync_dir
 from handformer.train.state import TrainerState
+from handformer.train.tensor_file import TensorFileError, check_tensor_file
 
 __all__ = [
     "MARKER", "PHASES", "CheckpointError", "CheckpointInfo", "CheckpointManager", "PhaseHook",
-    "list_checkpoints", "load_weights", "read_checkpoint_json", "read_trainer_state",
-    "remove_stale", "save_checkpoint", "verify_checkpoint",
+    "is_checkpoint_entry", "list_checkpoints", "load_weights", "read_checkpoint_json",
+    "read_trainer_state", "remove_checkpoint_entry", "remove_stale", "save_checkpoint",
+    "verify_checkpoint",
 ]
 
 WEIGHTS = "model.safetensors"
@@ -55,6 +57,9 @@ FORMAT, VERSION = "handformer-checkpoint", 1
 TMP_PREFIX = ".tmp-"
 _RESERVED = {WEIGHTS, STATE_TENSORS, STATE_META, MARKER}
 _NAME = re.compile(r"^step-(\d{8,})$")
+# What save_checkpoint and _discard name a folder they have not finished writing or deleting:
+# .tmp-step-00000500-<pid>-<hex> and .tmp-del-step-00000500-<hex>. Nothing else is ours.
+_TMP_NAME = re.compile(r"^\.tmp-(?:del-)?step-\d{8,}(?:-[0-9a-f]+)+$")
 
 # The moments ``save_checkpoint`` reports to its ``on_phase`` hook, in order. Until
 # "committed" the new checkpoint exists only as a ``.tmp-`` folder:
@@ -173,13 +178,54 @@ def list_checkpoints(root: str | Path) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: c.step)
 
 
+def _is_committed(path: Path) -> bool:
+    """A ``step-…`` folder whose commit marker says handformer wrote it (not verified)."""
+    if not (_NAME.match(path.name) and path.is_dir() and not path.is_symlink()):
+        return False
+    try:
+        marker = json.loads((path / MARKER).read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and marker.get("format") == FORMAT
+
+
+def is_checkpoint_entry(path: str | Path) -> bool:
+    """True for what a ``CheckpointManager`` writes into its folder and nothing else: a
+    committed ``step-…`` folder (its marker names handformer's format), an interrupted
+    ``.tmp-…step-…`` folder, or ``best.json``. Used to clean a checkpoint folder without
+    touching files another tool put there."""
+    path = Path(path)
+    if path.name == BEST:
+        try:
+            best = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, ValueError):
+            return False
+        return isinstance(best, dict) and {"step", "checkpoint"} <= set(best)
+    if _TMP_NAME.match(path.name):
+        return not path.is_symlink()
+    return _is_committed(path)
+
+
+def remove_checkpoint_entry(path: str | Path) -> None:
+    """Delete one entry ``is_checkpoint_entry`` recognised; a committed folder is renamed to
+    a ``.tmp-del-`` name first, so a crash half-way leaves a name ``remove_stale`` cleans."""
+    path = Path(path)
+    if _NAME.match(path.name) and path.is_dir():
+        _discard(path)
+    elif path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def remove_stale(root: str | Path) -> list[Path]:
-    """Delete leftovers of interrupted writes (``.tmp-*``). Call only when no other process
-    writes checkpoints into ``root``."""
+    """Delete leftovers of interrupted writes (handformer's own ``.tmp-…step-…`` names only:
+    another tool's ``.tmp-`` files stay). Call only when no other process writes checkpoints
+    into ``root``."""
     root = Path(root)
     if not root.is_dir():
         return []
-    stale = [p for p in root.iterdir() if p.name.startswith(TMP_PREFIX)]
+    stale = [p for p in root.iterdir() if _TMP_NAME.match(p.name)]
     for p in stale:
         if p.is_dir():
             shutil.rmtree(p, ignore_errors=True)
@@ -283,11 +329,16 @@ def read_trainer_state(path: str | Path, *, verify: bool = True) -> TrainerState
 
 def load_weights(model: nn.Module, path: str | Path, *, verify: bool = True) -> None:
     """Load ``model.safetensors`` from a checkpoint into ``model`` (strict: every name, every
-    shape must match)."""
+    shape must match, and a float weight is never filled from an integer tensor — checked
+    from the header before anything is read; see ``train.tensor_file``)."""
     path = Path(path)
     if verify:
         verify_checkpoint(path)
     file = path / WEIGHTS
+    try:  # names, shapes and dtypes from the header first: copy_ would cast ints silently
+        check_tensor_file(model, file)
+    except TensorFileError as err:
+        raise CheckpointError(str(err)) from None
     device = next(model.parameters()).device
     try:
         missing, unexpected = load_model(model, str(file), strict=False, device=str(device))
