@@ -141,13 +141,15 @@ def exit_code(err: BaseException) -> int:
 
 
 def report(command: str, err: BaseException) -> int:
-    """Print the one line for ``err`` on stderr and return its exit code."""
+    """Print the one line for ``err`` on stderr and return its exit code (``command`` may
+    be empty: before the command line is parsed)."""
+    prefix = f"handformer {command}".rstrip()
     if isinstance(err, (KeyboardInterrupt, Terminated, Interrupted)):
         detail = getattr(err, "detail", "")
         word = "terminated" if signal_of(err) == signal.SIGTERM else "interrupted"
-        line = f"handformer {command}: {word}" + (f"; {detail}" if detail else "")
+        line = f"{prefix}: {word}" + (f"; {detail}" if detail else "")
     else:
-        line = f"handformer {command}: error: {message_of(err)}"
+        line = f"{prefix}: error: {message_of(err)}"
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()  # what the command printed comes before its last word
     print(line, file=sys.stderr, flush=True)

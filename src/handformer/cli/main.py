@@ -74,7 +74,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from handformer.cli.errors import report, show_tracebacks, sigterm_raises, silence_stdout
     from handformer.train.distributed import launched_by_torchrun
 
-    args = build_parser().parse_args(argv)  # argparse's own errors: its message, exit 2
+    try:
+        args = build_parser().parse_args(argv)  # argparse's own errors: its message, exit 2
+    except KeyboardInterrupt as err:  # Ctrl-C while the commands' modules load
+        return report("", err)
     handler, command = args.handler, _command_path(args)
     if args.command != "train" and launched_by_torchrun():
         # N copies of a single-process command would race to write the same files.
