@@ -25,7 +25,7 @@ USER_FACING_MODULES = [
     "handformer.generate", "handformer.config", "handformer.nn.attention",
     "handformer.nn.positional", "handformer.nn.block", "handformer.nn.feedforward",
     "handformer.nn.kv_cache", "handformer.nn.tiled_attention", "handformer.models.embedding",
-    "handformer.models.decoder_lm",
+    "handformer.models.decoder_lm", "handformer.models.budget",
     "handformer.models.encoder", "handformer.models.seq2seq", "handformer.doctor",
     "handformer.train.trainer", "handformer.train.checkpoint",
 ]

@@ -44,9 +44,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from handformer.config import ModelConfig
 from handformer.data.classification import DataWarning
 from handformer.data.padding import pad_sequences
 from handformer.masks import check_padding_mask
+from handformer.models.budget import Estimate, check_fits, generation_estimate
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["GREEDY_TEMPERATURE", "NonFiniteLogitsError", "apply_repetition_penalty",
@@ -214,6 +216,23 @@ def _outside_inference_mode(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     return wrapper
 
 
+def _check_budget(model: nn.Module, shape: torch.Size, max_new_tokens: int,
+                  use_cache: bool, param: Tensor) -> None:
+    """Refuse (``MemoryBudgetError``) a request whose output tokens and KV cache cannot fit,
+    before either is allocated: ``max_new_tokens`` 10¹² would otherwise ask torch for
+    terabytes up front."""
+    config = getattr(model, "config", None)
+    b, length = shape
+    if isinstance(config, ModelConfig):
+        estimate = generation_estimate(config, b, length, max_new_tokens, use_cache=use_cache,
+                                       bytes_per_value=param.element_size())
+    else:  # a model of another kind: at least the token buffer it will get
+        estimate = Estimate("generating this many tokens",
+                            {"output tokens": b * (length + max_new_tokens) * (8 + 1)},
+                            hint="ask for fewer new tokens (--max-new-tokens)")
+    check_fits(estimate, param.device)
+
+
 @_outside_inference_mode
 def generate(
     model: nn.Module,
@@ -245,8 +264,9 @@ def generate(
     real tokens, negative ``max_new_tokens``, an ``eos_id`` outside the vocabulary, ids the
     model refuses (checked once, on the prompt), or invalid sampling settings
     (``check_sampling``); ``NonFiniteLogitsError`` if the model's logits hold NaN or inf (or
-    overflow once scaled), naming the step. A prompt longer than the model's window is read
-    from its end, with a ``DataWarning``.
+    overflow once scaled), naming the step; ``MemoryBudgetError`` (``models.budget``) when
+    the output tokens and the KV cache cannot fit in memory, before they are allocated. A
+    prompt longer than the model's window is read from its end, with a ``DataWarning``.
     """
     if ids.dim() != 2 or ids.shape[1] == 0:
         raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
@@ -268,7 +288,9 @@ def generate(
         # Finished rows keep feeding eos_id to the model, past the prompt's one check.
         raise ValueError(f"eos_id={eos_id} is not a token id of this model "
                          f"(vocab_size={vocab_size})")
-    device = next(model.parameters()).device
+    param = next(model.parameters())
+    device = param.device
+    _check_budget(model, ids.shape, max_new_tokens, use_cache, param)
     generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
     was_training = model.training
     model.eval()

@@ -119,7 +119,7 @@ def test_train_missing_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     code = main(["train", "--data", str(missing), "--out", str(tmp_path / "run"),
                  "--no-progress"])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 1  # refused at run time (a file, a folder)
     assert str(missing) in err and "error" in err
     assert not (tmp_path / "run").exists()
 
@@ -129,7 +129,7 @@ def test_train_too_short_data_file(tmp_path: Path, capsys: pytest.CaptureFixture
     data.write_text("just a few characters", encoding="utf-8")
     code = main(["train", "--preset", "tiny", "--data", str(data), "--out",
                  str(tmp_path / "run"), "--no-progress", "--max-steps", "1"])
-    assert code == 2
+    assert code == 1  # refused at run time (a file, a folder)
     assert "window" in capsys.readouterr().err
 
 
@@ -137,7 +137,7 @@ def test_generate_missing_run_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     missing = tmp_path / "no_such_run"
     code = main(["generate", "--run", str(missing), "--prompt", "ab"])
     err = capsys.readouterr().err
-    assert code == 2
+    assert code == 1  # refused at run time (a file, a folder)
     assert str(missing) in err
 
 
@@ -145,7 +145,7 @@ def test_generate_incomplete_run_folder(tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "config.json").write_text("{}", encoding="utf-8")
     code = main(["generate", "--run", str(tmp_path)])
-    assert code == 2
+    assert code == 1  # refused at run time (a file, a folder)
     assert "model.safetensors" in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
 """``handformer doctor`` from the command line: presets, config files, run folders, JSON,
-pictures, and clear errors (exit code 2) when the subject cannot be built."""
+pictures, and clear one-line errors (exit code 1) when the subject cannot be built."""
 
 from __future__ import annotations
 
@@ -105,9 +105,9 @@ def test_trained_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     (["--preset", "tiny", "--data", "missing.txt"], "text file not found"),
     (["--config", "missing.json"], "config file not found"),
 ])
-def test_bad_subjects_exit_2_with_a_clear_message(argv: list[str], message: str,
+def test_bad_subjects_exit_1_with_a_clear_message(argv: list[str], message: str,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    assert doctor(argv) == 2
+    assert doctor(argv) == 1  # a missing file is refused at run time, not a usage error
     err = capsys.readouterr().err
     assert err.startswith("handformer doctor: error: ") and message in err
 
@@ -116,7 +116,7 @@ def test_config_with_too_small_vocab_is_refused(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "small.json"
     path.write_text(json.dumps({"vocab_size": 10, "d_model": 16, "n_heads": 2}))
-    assert doctor(["--config", str(path)]) == 2
+    assert doctor(["--config", str(path)]) == 1
     assert "vocab_size=10 is smaller than" in capsys.readouterr().err
 
 

@@ -537,9 +537,9 @@ def test_cli_serves_prints_the_url_and_stops(lm_dir: Path,
     assert re.search(r"http://127\.0\.0\.1:\d+/", capsys.readouterr().out)
 
 
-def test_cli_errors_are_messages_with_exit_code_2(lm_dir: Path, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_explore(_parse(["explore", "--run", str(tmp_path / "none")])) == 2
+def test_cli_errors_are_one_line_messages(lm_dir: Path, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_explore(_parse(["explore", "--run", str(tmp_path / "none")])) == 1
     assert "run folder not found" in capsys.readouterr().err
     assert run_explore(_parse(["explore", "--run", str(lm_dir), "--host", "0.0.0.0"])) == 2
     assert "--allow-remote" in capsys.readouterr().err

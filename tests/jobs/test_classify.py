@@ -300,7 +300,7 @@ def test_cli_predict_text_and_file_and_unknown_label(brackets_run: dict, tmp_pat
     bad = write_csv(tmp_path / "bad.csv", [*rows[:3], {"text": "(())", "label": "maybe"}],
                     ["text", "label"])
     assert main(["classify", "predict", "--run", out, "--data", str(bad),
-                 "--label-col", "label"]) == 2
+                 "--label-col", "label"]) == 1
     err = capsys.readouterr().err
     assert "label(s) ['maybe'] that this model was not trained on" in err
     assert "it knows ['balanced', 'unbalanced']" in err
@@ -337,25 +337,26 @@ def test_cli_train_on_a_csv_with_named_columns(tmp_path: Path,
 
 
 @pytest.mark.parametrize(
-    ("rows", "columns", "extra", "message"),
-    [
+    ("rows", "columns", "extra", "message", "exit_code"),
+    [  # a bad file is refused at run time (1); contradictory options are a usage error (2)
         ([{"text": "a", "y": "x"}] * 5, ["text", "y"], [],
-         r"column\(s\) \['label'\] not found; the file has columns \['text', 'y'\]"),
+         r"column\(s\) \['label'\] not found; the file has columns \['text', 'y'\]", 1),
         ([{"text": "a", "label": "x"}] * 5, ["text", "label"], [],
-         r"one class only \(\['x'\] in all 5 rows\)"),
+         r"one class only \(\['x'\] in all 5 rows\)", 1),
         ([{"text": "a", "label": "x"}, {"text": "b", "label": "y"}] * 3, ["text", "label"],
-         ["--seq-len", "10"], "--seq-len sets the built-in task's length"),
+         ["--seq-len", "10"], "--seq-len sets the built-in task's length", 2),
     ],
 )
 def test_cli_train_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              rows: list, columns: list, extra: list,
-                                             message: str) -> None:
+                                             message: str, exit_code: int) -> None:
     data = write_csv(tmp_path / "d.csv", rows, columns)
     code = main(["classify", "train", "--data", str(data), "--out", str(tmp_path / "r"),
                  "--max-steps", "2", "--device", "cpu", "--no-progress", *extra])
-    assert code == 2
+    assert code == exit_code
     err = capsys.readouterr().err
-    assert err.startswith("handformer classify: error: ")
+    assert err.startswith("handformer classify train: error: ")
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert __import__("re").search(message, err), err
     assert not (tmp_path / "r" / "model.safetensors").exists()
 
@@ -377,5 +378,5 @@ def test_cli_predict_needs_a_complete_run_folder(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.json").write_text("{}")
-    assert main(["classify", "predict", "--run", str(tmp_path / "half"), "--text", "x"]) == 2
+    assert main(["classify", "predict", "--run", str(tmp_path / "half"), "--text", "x"]) == 1
     assert "not a complete run folder: missing ['model.safetensors'" in capsys.readouterr().err

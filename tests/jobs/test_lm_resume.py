@@ -96,8 +96,8 @@ def test_sigkill_at_step_then_resume_is_exact(corpus: Path, straight: Path, tmp_
     # A fresh run into the same folder must not wipe the unfinished one.
     code = main(["train", "--data", str(corpus), "--out", str(out), *ARGS])
     err = capsys.readouterr().err
-    assert code == 2 and "unfinished run" in err and f"--resume {out}" in err
-    assert main(["train", "--resume", str(out), "--lr", "0.1"]) == 2
+    assert code == 1 and "unfinished run" in err and f"--resume {out}" in err  # run state
+    assert main(["train", "--resume", str(out), "--lr", "0.1"]) == 2  # a usage error
     assert "--lr" in capsys.readouterr().err
     assert [c.step for c in list_checkpoints(out / "checkpoints")] == [5, 10]  # untouched
 
@@ -141,7 +141,7 @@ def test_resume_extends_a_finished_run_and_checks_the_data(corpus: Path, straigh
                                                            ) -> None:
     out = tmp_path / "run"
     shutil.copytree(straight, out)
-    assert main(["train", "--resume", str(out)]) == 2
+    assert main(["train", "--resume", str(out)]) == 1
     assert "already reached step 20" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--max-steps", "24", "--no-progress"]) == 0
     steps = [s for kind, s, *_ in history(out) if kind == "train"]
@@ -150,7 +150,7 @@ def test_resume_extends_a_finished_run_and_checks_the_data(corpus: Path, straigh
 
     corpus.write_text(corpus.read_text() + "changed", encoding="utf-8")
     try:
-        assert main(["train", "--resume", str(out), "--max-steps", "30"]) == 2
+        assert main(["train", "--resume", str(out), "--max-steps", "30"]) == 1
         assert "changed since the run" in capsys.readouterr().err
     finally:
         corpus.write_text(corpus.read_text()[: -len("changed")], encoding="utf-8")

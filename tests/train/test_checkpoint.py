@@ -258,3 +258,25 @@ def test_a_hook_that_raises_before_the_commit_leaves_no_checkpoint(tmp_path: Pat
     with pytest.raises(OSError, match="disk gone"):
         save_checkpoint(root, 4, model, TrainerState(meta={"step": 4}), on_phase=fail)
     assert [p.name for p in root.iterdir()] == ["step-00000002"]  # the temporary one removed
+
+
+def test_an_interrupt_while_re_saving_a_step_keeps_the_old_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Re-saving a step moves the old folder aside, renames the new one in, then deletes the
+    old: a Ctrl-C between the two renames puts the old one back."""
+    root = tmp_path / "ck"
+    model = make_trainer(train_config()).model
+    save_checkpoint(root, 5, model, TrainerState(meta={"step": 5, "v": 1}))
+    real_replace = os.replace
+
+    def interrupted_replace(src: str | Path, dst: str | Path) -> None:
+        if Path(src).name.startswith(".tmp-step-"):  # the new folder's rename into place
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr("handformer.train.checkpoint.os.replace", interrupted_replace)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(root, 5, model, TrainerState(meta={"step": 5, "v": 2}))
+    assert [p.name for p in root.iterdir()] == ["step-00000005"]
+    verify_checkpoint(root / "step-00000005")
+    assert read_trainer_state(root / "step-00000005").meta["v"] == 1

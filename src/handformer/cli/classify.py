@@ -9,10 +9,12 @@ from typing import Any
 
 from handformer.cli.common import (
     FRACTION,
+    UsageError,
     add_overwrite_option,
     add_threads_option,
     add_training_options,
     check_output_file,
+    check_recipe,
     folder_arg,
     positive_int,
     reporting,
@@ -76,25 +78,30 @@ def register(subparsers: Any) -> None:
 
 
 def _classify_train(args: argparse.Namespace) -> int:
+    from handformer.config import CLASSIFY_PRESET
     from handformer.jobs.classify import builtin_brackets_data, file_data, train_classifier
 
+    model_overrides, train_overrides = training_overrides(args)
+    if args.positional is not None:
+        model_overrides["positional"] = args.positional
     if args.data is None:
         if args.val is not None:
-            raise ValueError("--val needs --data (the built-in task makes its own validation)")
+            raise UsageError("--val needs --data (the built-in task makes its own validation)")
         seq_len = args.seq_len or 64
+        check_recipe(CLASSIFY_PRESET, model_overrides, train_overrides,
+                     max_len=args.max_len or seq_len + 1)
         data = builtin_brackets_data(seq_len=seq_len, seed=args.seed or 0)
         max_len = args.max_len or seq_len + 1
     else:
         if args.seq_len is not None:
-            raise ValueError("--seq-len sets the built-in task's length; with --data use "
+            raise UsageError("--seq-len sets the built-in task's length; with --data use "
                              "--max-len")
+        check_recipe(CLASSIFY_PRESET, model_overrides, train_overrides,
+                     max_len=args.max_len or 256)
         data = file_data(args.data, val_path=args.val, text_col=args.text_col,
                          label_col=args.label_col, val_fraction=args.val_fraction,
                          seed=args.seed or 0)
         max_len = args.max_len or 256
-    model_overrides, train_overrides = training_overrides(args)
-    if args.positional is not None:
-        model_overrides["positional"] = args.positional
     print(f"training a classifier on {data.source}: {len(data.train_texts):,} training and "
           f"{len(data.val_texts):,} validation texts, max_len {max_len}", flush=True)
     run = train_classifier(data, out_dir=args.out, max_len=max_len,
@@ -125,7 +132,7 @@ def _classify_predict(args: argparse.Namespace) -> int:
     )
 
     if args.confusion is not None and args.label_col is None:
-        raise ValueError("--confusion needs --data and --label-col (the true labels)")
+        raise UsageError("--confusion needs --data and --label-col (the true labels)")
     if args.confusion is not None:  # before predicting: never replace a file it did not write
         check_output_file(args.confusion, "--confusion", overwrite=args.overwrite)
     loaded = load_classifier_run(args.run, device=args.device)

@@ -15,8 +15,8 @@ from typing import Any
 
 __all__ = ["DROPOUT", "FRACTION", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "Handler",
            "UsageError", "add_overwrite_option", "add_threads_option", "add_training_options",
-           "check_output_file", "finite_float", "folder_arg", "non_negative_int",
-           "positive_int", "reporting", "training_overrides"]
+           "check_output_file", "check_recipe", "finite_float", "folder_arg",
+           "non_negative_int", "positive_int", "reporting", "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -148,6 +148,21 @@ def training_overrides(args: argparse.Namespace) -> tuple[dict[str, Any], dict[s
     model = {k: v for k, v in {"norm": args.norm, "d_model": args.d_model,
                                 "n_layers": args.n_layers}.items() if v is not None}
     return model, train
+
+
+def check_recipe(preset: Any, model_overrides: dict[str, Any],
+                 train_overrides: dict[str, Any], *, max_len: int) -> None:
+    """The encoder jobs' options checked the way their configs will check them, before any
+    data is read: a value a config refuses (``--lr -1``, ``--d-model`` that ``n_heads`` does
+    not divide) is a usage error. ``preset`` is a ``config.Preset``."""
+    from handformer.config import ModelConfig, TrainConfig
+
+    try:
+        TrainConfig.from_dict({**preset.train, "block_size": max_len, **train_overrides})
+        ModelConfig.from_dict({**preset.model, **model_overrides, "vocab_size": 1,
+                               "max_len": max_len})
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 @contextmanager

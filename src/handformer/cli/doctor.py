@@ -7,14 +7,14 @@
 
 Data come from the built-in text (or ``--data FILE``), tokenised with a character tokenizer
 built from that text — or, for ``--run``, with the run's own tokenizer. Exit code: 0 when no
-check FAILs, 1 when one does, 2 when the subject cannot be built (bad arguments or files).
+check FAILs, 1 when one does or when the subject cannot be built (a missing or bad file, a
+model too large for memory), 2 for a wrong command line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "doctor", help="run the debugging checklist (shapes, masks, loss, gradients, ...)",
         description="Run the tutorial's debugging checklist on a model and report PASS / WARN "
         "/ FAIL per check with the evidence and a hint. Exit code 0 if nothing FAILs, 1 if "
-        "something does, 2 if the model cannot be built.")
+        "something does or the model cannot be built, 2 for a wrong command line.")
     source = doc.add_mutually_exclusive_group()
     source.add_argument("--run", type=Path, metavar="DIR", help="a trained run folder")
     source.add_argument("--config", type=Path, metavar="FILE",
@@ -151,13 +151,21 @@ def build_subject(args: argparse.Namespace) -> DoctorSubject:
     tokens = torch.as_tensor(tokenizer.encode_array(text), dtype=torch.long)
     windows = LMWindows(tokens, block, name=where)
     lr = args.lr if args.lr is not None else float(train.get("lr", 1e-3))
+    # The probes train the model on batch_size × block windows (gradients, AdamW, activations).
+    from handformer.models.budget import check_training
+
+    check_training(model.config, args.batch_size, block,
+                   hint="use a smaller --batch-size or --block-size, or a smaller model")
     return DoctorSubject(model, windows, tokenizer, lr, initial, source)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
-    """The ``doctor`` handler: build the subject, run the checklist, print, return 0/1/2."""
+    """The ``doctor`` handler: build the subject, run the checklist, print, return 0/1/2
+    (an error: its one line on stderr, exit 1, or 2 for a usage error)."""
     import torch
 
+    from handformer.cli.errors import EXPECTED
+    from handformer.cli.errors import report as report_error
     from handformer.doctor.pictures import PICTURES_FOLDER
     from handformer.doctor.runner import run
     from handformer.runs import check_destination
@@ -174,9 +182,8 @@ def run_doctor(args: argparse.Namespace) -> int:
                      learning_steps=args.learning_steps, seed=args.seed,
                      pictures=args.pictures, overwrite=args.overwrite,
                      decode=lambda i: tok.decode([i], skip_special=False))
-    except (ValueError, OSError) as err:
-        print(f"handformer doctor: error: {err}", file=sys.stderr)
-        return 2
+    except EXPECTED as err:
+        return report_error("doctor", err)
     finally:
         torch.set_num_threads(threads)
     report.subject["source"] = s.source

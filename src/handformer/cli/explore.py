@@ -1,13 +1,14 @@
 """``handformer explore --run DIR [--port P] [--host H] [--allow-remote] [--open]``.
 
 Registered into the main parser by ``register(subparsers)``; the handler
-returns an exit code (0 after Ctrl-C, 2 for a bad run folder, address or port).
+returns an exit code: 0 after Ctrl-C (the way to stop the server), 1 for a run folder that
+does not load or a port it cannot listen on, 2 for a non-loopback ``--host`` without
+``--allow-remote``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import webbrowser
 from collections.abc import Callable
 from pathlib import Path
@@ -53,23 +54,27 @@ def run_explore(args: argparse.Namespace, *,
                 on_ready: Callable[[Any], None] | None = None) -> int:
     """Load the run, listen, print the URL and serve until interrupted (or until
     ``server.shutdown()``; ``on_ready(server)`` is called just before serving)."""
+    from handformer.cli.common import UsageError
+    from handformer.cli.errors import EXPECTED, report
     from handformer.explore.explorer import Explorer
     from handformer.explore.run import load_explore_run
-    from handformer.explore.server import ExploreServer, check_host
+    from handformer.explore.server import ExploreServer, RemoteBindError, check_host
 
     try:
-        check_host(args.host, args.allow_remote)  # before the model is loaded
+        try:
+            check_host(args.host, args.allow_remote)  # before the model is loaded
+        except RemoteBindError as err:
+            raise UsageError(str(err)) from None
         run = load_explore_run(args.run, device=args.device)
         explorer = Explorer(run)
-    except (ValueError, OSError) as err:
-        print(f"handformer explore: error: {err}", file=sys.stderr)
-        return 2
+    except EXPECTED as err:
+        return report("explore", err)
     try:
         server = ExploreServer(explorer, args.host, args.port, allow_remote=args.allow_remote)
     except OSError as err:
-        print(f"handformer explore: error: cannot listen on {args.host}:{args.port} ({err}); "
-              "pick another --port (0 = any free port)", file=sys.stderr)
-        return 2
+        return report("explore", OSError(
+            f"cannot listen on {args.host}:{args.port} ({err}); pick another --port "
+            "(0 = any free port)"))
     print(f"handformer explore: {run.kind} run {run.run_dir} at {server.url}  "
           "(Ctrl-C to stop)", flush=True)
     if args.open:

@@ -12,6 +12,7 @@ from handformer.cli.common import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
+    UsageError,
     non_negative_int,
     positive_int,
     reporting,
@@ -62,10 +63,20 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
                       f"as <unk>: {''.join(unknown[:20])!r}", DataWarning, stacklevel=2)
 
 
+def _check_options(args: argparse.Namespace) -> None:
+    """Texts that cannot work are usage errors, found before the model is loaded (the
+    numbers' ranges are checked by their argparse types)."""
+    if args.prompt == "":
+        raise UsageError("--prompt is empty; give at least one character")
+    if any(stop == "" for stop in args.stop):
+        raise UsageError("--stop strings must be non-empty")
+
+
 def run_generate(args: argparse.Namespace) -> int:
     from handformer.generate import generate_text
     from handformer.runs import load_run
 
+    _check_options(args)
     run = load_run(args.run, device=args.device, kind="lm")
     model, tokenizer = run.model, run.tokenizer
     if args.dtype != "float32":

@@ -1,14 +1,19 @@
 """The ``handformer`` command line: ``build_parser`` gathers every command's sub-parser (one
 module per command in this package, each with a ``register(subparsers)``) and ``main``
-dispatches to the handler the command set, with one error contract: a ``ValueError`` or
-``OSError`` becomes one line on stderr and exit code 2."""
+dispatches to the handler the command set, under one contract (``handformer.cli.errors``):
+exit 0 on success, 1 for anything refused or failed while running, 2 for a wrong command line,
+130 after Ctrl-C and 143 after SIGTERM — each failure as one line on stderr, never a
+traceback."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
+
+from handformer.cli.errors import EXPECTED, Interrupted, Terminated
 
 __all__ = ["build_parser", "main"]
 
@@ -35,7 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (train, generate, classify, seq2seq, doctor, explore, embed, convert,
                     experiment, bench):
         command.register(sub)
-    return add_examples(parser)  # an "examples:" section in every command's --help
+    add_examples(parser)  # an "examples:" section in every command's --help
+    parser.epilog = (parser.epilog or "") + "\n\n" + EXIT_CODES_HELP
+    return parser
+
+
+EXIT_CODES_HELP = """exit codes:
+  0    success
+  1    refused or failed while running (files, folders, run state, sizes, memory)
+  2    the command line is wrong (an unknown option, a value out of range, a contradiction)
+  3    train only: stopped after too many non-finite steps (the last good checkpoint is kept)
+  130  interrupted (Ctrl-C);  143  terminated (SIGTERM)"""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -49,22 +64,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _main(argv)
 
 
+def _command_path(args: argparse.Namespace) -> str:
+    """``"train"``, ``"classify train"``: the words that name the command, as in its help."""
+    words = [args.command, getattr(args, "action", None), getattr(args, "experiment", None)]
+    return " ".join(w for w in words if isinstance(w, str))
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
+    from handformer.cli.errors import report, show_tracebacks, sigterm_raises, silence_stdout
     from handformer.train.distributed import launched_by_torchrun
 
-    args = build_parser().parse_args(argv)
-    handler = args.handler
+    try:
+        args = build_parser().parse_args(argv)  # argparse's own errors: its message, exit 2
+    except KeyboardInterrupt as err:  # Ctrl-C while the commands' modules load
+        return report("", err)
+    handler, command = args.handler, _command_path(args)
     if args.command != "train" and launched_by_torchrun():
         # N copies of a single-process command would race to write the same files.
-        print(f"handformer {args.command}: error: only `handformer train` runs under torchrun "
-              f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); run `handformer {args.command}` "
+        print(f"handformer {command}: error: only `handformer train` runs under torchrun "
+              f"(WORLD_SIZE={os.environ.get('WORLD_SIZE')}); run `handformer {command}` "
               "as one process", file=sys.stderr)
         return 2
+    # Under torchrun, SIGTERM is torchrun's way to stop the other ranks when one fails: a
+    # rank blocked in a collective must die at once, not wait to raise an exception.
+    guard = contextlib.nullcontext() if launched_by_torchrun() else sigterm_raises()
     try:
-        return handler(args)
-    except (ValueError, OSError) as err:
-        print(f"handformer {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        with guard:
+            return handler(args)
+    except BrokenPipeError:
+        return silence_stdout()  # `handformer generate | head`: the reader left, no error
+    except (KeyboardInterrupt, Interrupted, Terminated) as err:
+        return report(command, err)
+    except Exception as err:
+        if not isinstance(err, EXPECTED) and (show_tracebacks() or launched_by_torchrun()):
+            raise  # a bug: its traceback (torchrun's error summary records it too)
+        return report(command, err)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from handformer.cli.common import (
+    UsageError,
     add_overwrite_option,
     add_threads_option,
     add_training_options,
+    check_recipe,
     folder_arg,
     positive_int,
     reporting,
@@ -48,10 +50,17 @@ def register(subparsers: Any) -> None:
 
 
 def _seq2seq_train(args: argparse.Namespace) -> int:
+    from handformer.config import SEQ2SEQ_PRESET
+    from handformer.data.tasks import SEQ2SEQ_TASKS
     from handformer.jobs.seq2seq import train_seq2seq
 
     out = args.out or Path(f"runs/seq2seq-{args.task}")
     model_overrides, train_overrides = training_overrides(args)
+    spec = SEQ2SEQ_TASKS[args.task]
+    lo, hi = args.min_len or spec.default_min_len, args.max_len or spec.default_max_len
+    if lo > hi:
+        raise UsageError(f"need --min-len <= --max-len; got {lo} > {hi}")
+    check_recipe(SEQ2SEQ_PRESET, model_overrides, train_overrides, max_len=hi)
     print(f"training an encoder-decoder on the built-in {args.task!r} task", flush=True)
     run = train_seq2seq(args.task, out_dir=out, min_len=args.min_len, max_len=args.max_len,
                         model_overrides=model_overrides, train_overrides=train_overrides,

@@ -6,10 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import DROPOUT, POSITIVE, add_overwrite_option, folder_arg, positive_int
+from handformer.cli.common import (
+    DROPOUT,
+    POSITIVE,
+    UsageError,
+    add_overwrite_option,
+    folder_arg,
+    positive_int,
+)
 
 __all__ = ["register"]
 
@@ -107,9 +115,16 @@ def _is_main_process() -> bool:
 def _cmd_train(args: argparse.Namespace) -> int:
     import torch.distributed as torch_dist
 
+    from handformer.cli.errors import Interrupted, Terminated
+
+    started = time.time()
     try:
         code, _ = _train(args)
         return code
+    except (KeyboardInterrupt, Terminated) as err:
+        run_dir = args.resume or args.out or Path("runs/default")
+        since = None if args.resume is not None else started
+        raise Interrupted.from_exception(err, _resume_hint(run_dir, since)) from None
     finally:
         # Leave torchrun's process group also when the job failed after joining it (rank 0
         # refused the run folder): a process that exits in it aborts in the backend's
@@ -118,10 +133,50 @@ def _cmd_train(args: argparse.Namespace) -> int:
             torch_dist.destroy_process_group()
 
 
+def _resume_hint(run_dir: Path, since: float | None) -> str:
+    """Where an interrupted run can continue from: the newest committed checkpoint (of this
+    run: committed after ``since``, for a fresh one) and the command that resumes it."""
+    from handformer.train.checkpoint import MARKER, list_checkpoints, read_checkpoint_json
+
+    try:
+        found = [c for c in list_checkpoints(run_dir / "checkpoints")
+                 if since is None or (c.path / MARKER).stat().st_mtime >= since]
+        finished = bool(found) and read_checkpoint_json(
+            found[-1].path, "trainer_state.json", verify=False).get("finished") is True
+    except (OSError, ValueError):
+        found, finished = [], False
+    if not found:
+        return "no checkpoint was committed yet: nothing to resume, start the run again"
+    newest = found[-1]
+    if finished:
+        return (f"training had finished: {newest.path} is the final checkpoint (step "
+                f"{newest.step}); `handformer train --resume {run_dir} --max-steps N` "
+                "trains further")
+    return (f"the newest committed checkpoint is {newest.path} (step {newest.step}); "
+            f"continue with `handformer train --resume {run_dir}`")
+
+
+def _check_options(args: argparse.Namespace, preset: str) -> None:
+    """Options that contradict each other, or values a config refuses, are usage errors:
+    found here, before any text is read or anything is written."""
+    from handformer.jobs.lm import build_configs
+
+    if args.vocab_size is not None and args.tokenizer != "bpe":
+        raise UsageError("--vocab-size applies to --tokenizer bpe only")
+    try:  # the vocabulary is not known yet; any size checks the other fields
+        build_configs(preset, 1, _model_overrides(args), _train_overrides(args))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, object]:
+    return {k: v for k, v in {"attention": args.attention, "positional": args.positional,
+                              "dropout": args.dropout}.items() if v is not None}
+
+
 def _train(args: argparse.Namespace) -> tuple[int, Any]:
     from handformer.data.corpora import builtin_text, read_text_file
     from handformer.jobs.lm import BUILTIN_SOURCE, resume_lm, train_lm
-    from handformer.train.callbacks import MissingExtraError
     from handformer.train.trainer import NonFiniteError
 
     say = print if _is_main_process() else (lambda *a, **k: None)
@@ -130,32 +185,25 @@ def _train(args: argparse.Namespace) -> tuple[int, Any]:
             extra = sorted(f"--{k.replace('_', '-')}" for k, v in vars(args).items()
                            if k not in _RESUME_ALLOWED and v not in (None, False))
             if extra:
-                raise ValueError(f"--resume takes the recipe from the run folder; it accepts "
+                raise UsageError(f"--resume takes the recipe from the run folder; it accepts "
                                  f"only --max-steps, --strategy and --no-progress, got {extra}")
             say(f"resuming {args.resume}", flush=True)
             run = resume_lm(args.resume, max_steps=args.max_steps,
                                  progress=not args.no_progress, strategy=args.strategy)
             say(f"resumed from step {run.resumed_from}")
         else:
+            preset = args.preset or "default"
+            _check_options(args, preset)
             text = builtin_text() if args.data is None else read_text_file(args.data)
             source = "built-in Python documentation text" if args.data is None else str(args.data)
-            preset = args.preset or "default"
-            model_overrides = {k: v for k, v in {
-                "attention": args.attention, "positional": args.positional,
-                "dropout": args.dropout}.items() if v is not None}
-            if args.vocab_size is not None and args.tokenizer != "bpe":
-                raise ValueError("--vocab-size applies to --tokenizer bpe only")
             say(f"training on {source} ({len(text):,} characters), preset {preset!r}",
                 flush=True)
             run = train_lm(
                 text, out_dir=args.out or Path("runs/default"), preset=preset,
-                model_overrides=model_overrides, train_overrides=_train_overrides(args),
+                model_overrides=_model_overrides(args), train_overrides=_train_overrides(args),
                 progress=not args.no_progress, overwrite=args.overwrite,
                 tokenizer=args.tokenizer or "char", vocab_size=args.vocab_size or 1000,
                 data_source=BUILTIN_SOURCE if args.data is None else str(args.data.resolve()))
-    except MissingExtraError as err:
-        print(f"handformer train: error: {err}", file=sys.stderr)
-        return 2, None
     except NonFiniteError as err:
         say(f"handformer train: error: {err}", file=sys.stderr)
         return 3, None

@@ -41,6 +41,7 @@ from handformer.data.classification import (
 )
 from handformer.data.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.loss import classification_loss
+from handformer.models.budget import Estimate, check_fits, check_training
 from handformer.models.encoder import EncoderClassifier
 from handformer.runs import (
     CLASSIFIER_FOLDER,
@@ -55,7 +56,7 @@ from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.runs.guard import CONFUSION
 from handformer.tokenizers import CharTokenizer
 from handformer.train.callbacks import MetricsWriter
-from handformer.train.trainer import Trainer, TrainResult
+from handformer.train.trainer import Trainer, TrainResult, pick_device
 
 __all__ = [
     "ClassifierRun",
@@ -94,6 +95,10 @@ def builtin_brackets_data(
     """The built-in task (``tasks.brackets_examples``): strings of even length in
     [seq_len/2, seq_len]; the validation strings never occur in the training set."""
     lo = max(6, seq_len // 2)
+    # Each string lives as text and as int64 ids (plus a list of Python ints while encoding).
+    check_fits(Estimate("the built-in task's texts", {
+        f"{n_train + n_val:,} strings of up to {seq_len:,} characters":
+            (n_train + n_val) * seq_len * 24}, hint="use a smaller --seq-len"))
     val_texts, val_labels = brackets_examples(n_val, min_len=lo, max_len=seq_len,
                                               seed=seed + 1)
     train_texts, train_labels = brackets_examples(n_train, min_len=lo, max_len=seq_len,
@@ -277,6 +282,11 @@ def train_classifier(
     model_cfg = ModelConfig.from_dict({**CLASSIFY_PRESET.model, **(model_overrides or {}),
                                        "vocab_size": tokenizer.vocab_size, "max_len": max_len})
     config = ClassifierConfig(model_cfg, num_classes=len(labels), pooling=pooling)
+    # Batches are padded to their longest text, so the longest text (not max_len) sizes them.
+    longest = max((len(ids) for ids in (*train_ids, *val_ids)), default=1)
+    check_training(config, train_cfg.batch_size, longest, pick_device(train_cfg.device),
+                   hint="use a smaller --batch-size or --max-len, or a smaller model "
+                        "(--d-model, --n-layers)")
     torch.manual_seed(train_cfg.seed)
     model = EncoderClassifier(config)
 

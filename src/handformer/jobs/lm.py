@@ -32,6 +32,7 @@ from handformer.config import ModelConfig, TrainConfig, get_preset
 from handformer.data import LMWindows, train_val_split
 from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
+from handformer.models.budget import TEXT_BYTES_PER_CHAR, check_training
 from handformer.models.decoder_lm import DecoderLM
 from handformer.runs import (
     LM_FOLDER,
@@ -101,6 +102,17 @@ def build_configs(
         raise ValueError(f"training window block_size={train_cfg.block_size} exceeds the model's "
                          f"max_len={model_cfg.max_len}")
     return model_cfg, train_cfg
+
+
+def check_budget(model_cfg: ModelConfig, train_cfg: TrainConfig, text_chars: int) -> None:
+    """Refuse (``MemoryBudgetError``) a run whose model, optimizer, micro-batch, validation
+    batches and tokenized text cannot fit in memory — before any of them is allocated."""
+    b, t = train_cfg.batch_size, train_cfg.block_size
+    host = {"the text's token ids": text_chars * TEXT_BYTES_PER_CHAR,
+            "validation batches": train_cfg.eval_batches * b * (t + 1) * 2 * 8}
+    check_training(model_cfg, b, t, pick_device(train_cfg.device), host_extra=host,
+                   hint="use a smaller --batch-size, or a smaller model (--preset tiny, or a "
+                        "config with a smaller d_model / n_layers)")
 
 
 def unigram_loss(train_ids: torch.Tensor, val_ids: torch.Tensor, vocab_size: int) -> float:
@@ -291,6 +303,7 @@ def train_lm(
                                          train_overrides)
     if train_cfg.tensorboard:
         require_tensorboard()  # fail before anything is written or trained
+    check_budget(model_cfg, train_cfg, len(text))  # before anything is claimed or built
     with ExitStack() as held:
         # Claimed (an earlier run of ours cleared, a foreign folder refused) and locked
         # until the run folder is complete.
@@ -370,6 +383,7 @@ def resume_lm(
     elif _fingerprint(text) != data.get("sha256"):
         raise ValueError(f"the text given differs from the one {run_dir} was trained on")
     _check_covers(tokenizer, text, info.path / TOKENIZER)
+    check_budget(model_cfg, train_cfg, len(text))
     dist = distributed_context(train_cfg)
     with ExitStack() as held:
         # Locked (not claimed: the run continues in place) until the run folder is complete.

@@ -31,6 +31,7 @@ from handformer.data.padding import pad_sequences
 from handformer.data.seq2seq import Seq2SeqBatch, collate_pairs, encode_sources
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
 from handformer.loss import lm_loss
+from handformer.models.budget import check_training
 from handformer.models.seq2seq import EncoderDecoder, greedy_decode
 from handformer.runs import (
     SEQ2SEQ_FOLDER,
@@ -43,7 +44,7 @@ from handformer.runs import (
 from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.tokenizers import CharTokenizer
 from handformer.train.callbacks import MetricsWriter
-from handformer.train.trainer import Trainer, TrainResult
+from handformer.train.trainer import Trainer, TrainResult, pick_device
 
 __all__ = [
     "LoadedSeq2Seq",
@@ -182,6 +183,11 @@ def train_seq2seq(
     shape = {**SEQ2SEQ_PRESET.model, **(model_overrides or {}), "vocab_size": tokenizer.vocab_size}
     config = Seq2SeqConfig(encoder=ModelConfig.from_dict({**shape, "max_len": src_len + 1}),
                            decoder=ModelConfig.from_dict({**shape, "max_len": tgt_len + 1}))
+    # Before the model and before any pairs are drawn (--max-len 10⁶ would take minutes).
+    check_training(config, train_cfg.batch_size, tgt_len + 1, pick_device(train_cfg.device),
+                   source_len=src_len + 1,
+                   hint="use a smaller --max-len or --batch-size, or a smaller model "
+                        "(--d-model, --n-layers)")
     torch.manual_seed(train_cfg.seed)
     model = EncoderDecoder(config)
 

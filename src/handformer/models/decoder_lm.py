@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
+from handformer.models.budget import check_model_fits
 from handformer.models.embedding import TokenEmbedding, check_ids, positions_from_padding
 from handformer.models.stack import build_blocks, make_cache
 from handformer.nn.init import init_weights
@@ -56,10 +57,12 @@ class DecoderLM(nn.Module):
     takes explicitly (``generate`` does this): the same ``forward``, one token per step.
     ``forward`` raises ``ValueError`` for ids that are not (B, T) integers, ids outside
     [0, vocab_size), or a padding mask that is not bool (B, T); learned positions raise
-    ``ValueError`` past ``max_len``.
+    ``ValueError`` past ``max_len``. A config whose weights cannot fit in memory is refused
+    with ``MemoryBudgetError`` before anything is allocated (``models.budget``).
     """
 
     def __init__(self, config: ModelConfig) -> None:
+        check_model_fits(config, "DecoderLM")  # MemoryBudgetError before torch allocates
         super().__init__()
         self.config = config
         c = config

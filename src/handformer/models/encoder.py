@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from handformer.config import POOLING_KINDS, ClassifierConfig, ModelConfig
 from handformer.masks import combine_masks
+from handformer.models.budget import check_model_fits
 from handformer.models.embedding import TokenEmbedding, check_ids
 from handformer.models.stack import build_blocks
 from handformer.nn.init import init_weights
@@ -46,6 +47,7 @@ class Encoder(nn.Module):
     """
 
     def __init__(self, config: ModelConfig, *, final_norm: bool | None = None) -> None:
+        check_model_fits(config, type(self).__name__)  # before torch allocates anything
         super().__init__()
         self.config = config
         self.embed = TokenEmbedding(config)

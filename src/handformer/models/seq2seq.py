@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig, Seq2SeqConfig
 from handformer.masks import check_padding_mask, combine_masks
+from handformer.models.budget import check_model_fits
 from handformer.models.embedding import TokenEmbedding, check_ids
 from handformer.models.encoder import Encoder
 from handformer.models.stack import build_blocks, make_cache
@@ -45,6 +46,7 @@ class Decoder(nn.Module):
     """Target embedding → N × block(causal self-attn, cross-attn, FFN) → LayerNorm → head."""
 
     def __init__(self, config: ModelConfig) -> None:
+        check_model_fits(config, "Decoder")  # before torch allocates anything
         super().__init__()
         self.config = config
         self.embed = TokenEmbedding(config)
@@ -129,6 +131,7 @@ class EncoderDecoder(nn.Module):
     """``forward(src, tgt, src_mask=None, tgt_mask=None) -> logits (B, T, V)``."""
 
     def __init__(self, config: Seq2SeqConfig) -> None:
+        check_model_fits(config, "EncoderDecoder")  # both halves together
         super().__init__()
         self.config = config
         self.encoder = Encoder(config.encoder, final_norm=True)

@@ -126,6 +126,7 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
     root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
+    final, old = root / name, None
     tmp.mkdir()
     try:
         phase("started")
@@ -145,14 +146,20 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
             os.fsync(fh.fileno())
         fsync_dir(tmp)
         phase("marker_written")
-        final = root / name
-        if final.exists():  # re-saving a step (e.g. after resuming from an older checkpoint)
-            _discard(final)
+        if final.exists():  # re-saving a step (e.g. after resuming from an older checkpoint):
+            # the old folder steps aside and is deleted only once the new one is in place, so
+            # an interrupt (Ctrl-C, SIGTERM) between the two renames can put it back.
+            old = final.with_name(f"{TMP_PREFIX}del-{name}-{secrets.token_hex(4)}")
+            os.replace(final, old)
         os.replace(tmp, final)
         fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not final.exists():
+            os.replace(old, final)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     phase("committed")
     return final
 
