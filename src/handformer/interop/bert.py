@@ -16,7 +16,6 @@ Shape legend: ``B`` batch, ``T`` tokens, ``C`` model dim.
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 from torch import Tensor
 
 from handformer.config import ModelConfig
 from handformer.data.classification import DataWarning
+from handformer.interop.files import read_config, read_weights
 from handformer.interop.gpt2 import ConversionError, check_float_tensors
 from handformer.models.encoder import Encoder, pool
 from handformer.tokenizers import HFTokenizer, load_tokenizer
@@ -165,11 +164,11 @@ def load_bert_folder(folder: str | Path) -> tuple[Encoder, HFTokenizer]:
                if not (folder / n).is_file()]
     if missing:
         raise ConversionError(f"{folder} is not a BERT-style folder: missing {missing}")
-    hf_config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    hf_config = read_config(folder / "config.json")
     if hf_config.get("model_type") not in (None, "bert"):
         raise ConversionError(f"{folder / 'config.json'}: model_type="
                               f"{hf_config.get('model_type')!r}; expected 'bert'")
-    model = from_bert_state_dict(load_file(folder / "model.safetensors"), hf_config,
+    model = from_bert_state_dict(read_weights(folder / "model.safetensors"), hf_config,
                                  source=str(folder / "model.safetensors"))
     tokenizer = load_tokenizer(folder / "tokenizer.json")
     if not isinstance(tokenizer, HFTokenizer):

@@ -18,9 +18,10 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from handformer.atomic import atomic_write_text
+from handformer.interop.files import read_config, read_weights
 from handformer.interop.gpt2 import (
     ConversionError,
     config_to_gpt2,
@@ -49,7 +50,7 @@ def _distinct(src: Path, dst: Path) -> None:
 def _read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     st, binary = folder / "model.safetensors", folder / "pytorch_model.bin"
     if st.is_file():
-        return load_file(st)
+        return read_weights(st)
     if binary.is_file():
         try:
             return torch.load(binary, map_location="cpu", weights_only=True)
@@ -71,7 +72,7 @@ def import_gpt2_folder(src: str | Path, run_dir: str | Path, *,
     config_path = src / "config.json"
     if not config_path.is_file():
         raise ConversionError(f"{src} has no config.json; expected a Hugging Face model folder")
-    hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    hf_config = read_config(config_path)
     if hf_config.get("model_type") != "gpt2":
         raise ConversionError(f"{config_path}: model_type={hf_config.get('model_type')!r}; "
                               "only 'gpt2' decoders convert into a DecoderLM run")
