@@ -15,6 +15,7 @@ from handformer.cli.common import (
     add_training_options,
     check_output_file,
     check_recipe,
+    device_name,
     folder_arg,
     positive_int,
     reporting,
@@ -72,7 +73,7 @@ def register(subparsers: Any) -> None:
                          "new file, unless --overwrite)")
     cp.add_argument("--overwrite", action="store_true",
                     help="let --confusion replace an existing file")
-    cp.add_argument("--device", default="cpu")
+    cp.add_argument("--device", type=device_name, default="cpu")
     add_threads_option(cp)
     cp.set_defaults(handler=reporting("classify predict", _classify_predict))
 

@@ -13,10 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DROPOUT", "FRACTION", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "Handler",
-           "UsageError", "add_overwrite_option", "add_threads_option", "add_training_options",
-           "check_output_file", "check_recipe", "finite_float", "folder_arg",
-           "non_negative_int", "positive_int", "reporting", "training_overrides"]
+__all__ = ["DROPOUT", "FRACTION", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "SEED_RANGE",
+           "Handler", "UsageError", "add_overwrite_option", "add_threads_option",
+           "add_training_options", "check_output_file", "check_recipe", "device_name",
+           "finite_float", "folder_arg", "non_negative_int", "positive_int", "reporting",
+           "seed_int", "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -45,6 +46,40 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0; got {text}")
     return value
+
+
+# torch's generators take seeds in [-2**63, 2**64 - 1]; outside it torch.manual_seed fails
+# deep inside the run with "Overflow when unpacking long long", naming nothing.
+SEED_RANGE = (-(2**63), 2**64 - 1)
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a random seed torch can take, or a usage error naming the range."""
+    lo, hi = SEED_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed; got {text!r}") from None
+    if not lo <= value <= hi:
+        raise argparse.ArgumentTypeError(f"expected a seed in [{lo}, {hi}]; got {text}")
+    return value
+
+
+def device_name(text: str) -> str:
+    """argparse type: ``auto`` or a device torch can name (``cpu``, ``cuda``, ``cuda:1``,
+    ``mps``). A typo is a usage error here; a bare ``torch.device`` failure surfaced later,
+    while loading weights, as if the weights file were at fault. Whether the device exists on
+    this machine is checked where it is used (a runtime error)."""
+    if text == "auto":
+        return text
+    import torch
+
+    try:
+        torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected auto, cpu, cuda[:N] or mps; got {text!r}") from None
+    return text
 
 
 def finite_float(low: float | None = None, high: float | None = None, *,
@@ -120,8 +155,9 @@ def add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="linear warm-up steps (0 = none)")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda, mps")
+    p.add_argument("--seed", type=seed_int, default=None)
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (default), cpu, cuda, mps")
     p.add_argument("--norm", choices=("pre", "post"), default=None,
                    help="block norm placement (default: pre)")
     p.add_argument("--d-model", type=positive_int, default=None)

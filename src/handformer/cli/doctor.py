@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import POSITIVE, add_overwrite_option, folder_arg
+from handformer.cli.common import POSITIVE, add_overwrite_option, folder_arg, seed_int
 
 __all__ = ["build_subject", "register", "run_doctor"]
 
@@ -62,7 +62,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                      "recipe's)")
     doc.add_argument("--learning-steps", type=_positive_int, default=60,
                      help="step budget for overfitting one batch (default 60)")
-    doc.add_argument("--seed", type=int, default=0)
+    doc.add_argument("--seed", type=seed_int, default=0)
     doc.add_argument("--threads", type=_positive_int, default=1,
                      help="torch intra-op threads (default 1: the probe batches are tiny, and "
                      "on a busy machine more threads make them several times slower)")

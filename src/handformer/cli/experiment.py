@@ -12,7 +12,7 @@ from handformer.bench.length_study import (
     run_length_study,
     to_markdown,
 )
-from handformer.cli.common import add_overwrite_option, folder_arg
+from handformer.cli.common import add_overwrite_option, folder_arg, positive_int
 from handformer.nn.positional import POSITIONAL_KINDS
 
 __all__ = ["register"]
@@ -30,8 +30,8 @@ def register(sub: Any) -> None:
     add_overwrite_option(length, "--out")
     length.add_argument("--quick", action="store_true",
                         help="smaller model and fewer steps: a few minutes on 2 CPU cores")
-    length.add_argument("--train-len", type=int, default=None)
-    length.add_argument("--steps", type=int, default=None)
+    length.add_argument("--train-len", type=positive_int, default=None)
+    length.add_argument("--steps", type=positive_int, default=None)
     length.add_argument("--positional", action="append", choices=POSITIONAL_KINDS,
                         help="only these positional types (repeatable; default: all)")
     length.set_defaults(handler=_run_length_cli)

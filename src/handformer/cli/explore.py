@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from handformer.cli.common import device_name
+
 __all__ = ["DEFAULT_PORT", "register", "run_explore"]
 
 DEFAULT_PORT = 8765
@@ -45,7 +47,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         help="allow a non-loopback --host: anyone who can reach it can use "
                         "the model")
     parser.add_argument("--open", action="store_true", help="open the page in a web browser")
-    parser.add_argument("--device", default="cpu", help="device to run the model on (cpu)")
+    parser.add_argument("--device", type=device_name, default="cpu",
+                        help="device to run the model on (cpu)")
     parser.set_defaults(handler=run_explore)
     return parser
 

@@ -13,9 +13,11 @@ from handformer.cli.common import (
     POSITIVE,
     PROBABILITY,
     UsageError,
+    device_name,
     non_negative_int,
     positive_int,
     reporting,
+    seed_int,
 )
 
 __all__ = ["register", "run_generate"]
@@ -40,10 +42,10 @@ def register(sub: Any) -> None:
                      help="> 0; 1 = off, 1.1-1.3 discourages repeats")
     gen.add_argument("--stop", action="append", default=[],
                      help="stop before this string (repeatable)")
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--seed", type=seed_int, default=None)
     gen.add_argument("--no-cache", action="store_true", help="recompute the whole context "
                      "every step (slow; for comparison)")
-    gen.add_argument("--device", default="cpu")
+    gen.add_argument("--device", type=device_name, default="cpu")
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                      help="cast the model for inference (bfloat16: half the weight traffic; "
                      "logits differ from float32 in the 2nd–3rd digit)")

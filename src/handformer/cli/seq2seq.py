@@ -13,6 +13,7 @@ from handformer.cli.common import (
     add_threads_option,
     add_training_options,
     check_recipe,
+    device_name,
     folder_arg,
     positive_int,
     reporting,
@@ -44,7 +45,7 @@ def register(subparsers: Any) -> None:
     sp.add_argument("--run", type=Path, required=True, help="folder written by seq2seq train")
     sp.add_argument("--text", action="append", required=True,
                     help="an input such as 12345 or 57+968 (repeatable)")
-    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--device", type=device_name, default="cpu")
     add_threads_option(sp)
     sp.set_defaults(handler=reporting("seq2seq predict", _seq2seq_predict))
 

@@ -15,8 +15,10 @@ from handformer.cli.common import (
     POSITIVE,
     UsageError,
     add_overwrite_option,
+    device_name,
     folder_arg,
     positive_int,
+    seed_int,
 )
 
 __all__ = ["register"]
@@ -54,9 +56,10 @@ def register(sub: Any) -> None:
     train.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
                        help="accumulate N micro-batches per optimizer step")
     train.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
-    train.add_argument("--seed", type=int, default=None)
+    train.add_argument("--seed", type=seed_int, default=None)
     train.add_argument("--dropout", type=DROPOUT, default=None, help="in [0, 1)")
-    train.add_argument("--device", default=None, help="auto (default), cpu, cuda, mps")
+    train.add_argument("--device", type=device_name, default=None,
+                       help="auto (default), cpu, cuda, mps")
     train.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "
                        "(cuda)")
