@@ -23,7 +23,9 @@ written to THE CONTRACT's final behaviour while they were being built): A run-fo
 B validation, C exit codes and budgets; "AC"/"BC": A's or B's refusal, with C's exit code 1
 for it; "D": found by this table once A, B and C had landed, and fixed with it (seeds and
 devices as argparse types, experiment's counts as positive ints, a damaged transformers or
-BERT config.json / model.safetensors named). Empty: right before any of them.
+BERT config.json / model.safetensors named). Empty: right before any of them. A case that
+was right at the start may still carry a part: the one whose change had to keep it right
+(a usage error that exited 2 only because every ValueError did, before C's mapping).
 """
 
 from __future__ import annotations
