@@ -30,6 +30,15 @@ def json_round_trip(data: dict) -> dict:
     return json.loads(json.dumps(data))
 
 
+def assert_clear_error(make: Callable[[], object], needles: list[str]) -> None:
+    """``make()`` raises a ValueError whose message contains every needle."""
+    with pytest.raises(ValueError) as info:
+        make()
+    message = str(info.value)
+    for needle in needles:
+        assert needle in message, f"{needle!r} missing from: {message}"
+
+
 def model_kwargs(**overrides: object) -> dict:
     """A small valid ModelConfig, with overrides."""
     return {"vocab_size": 37, "d_model": 32, "n_heads": 4, "n_layers": 2, "max_len": 16,
@@ -105,11 +114,7 @@ BAD_INPUTS: list[tuple[str, Callable[[], object], list[str]]] = [
                          ids=[i for i, _, _ in BAD_INPUTS])
 def test_every_bad_input_raises_a_clear_error(make: Callable[[], object],
                                               needles: list[str]) -> None:
-    with pytest.raises(ValueError) as info:
-        make()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} missing from: {message}"
+    assert_clear_error(make, needles)
 
 
 NAN, INF = float("nan"), float("inf")
@@ -186,11 +191,7 @@ TYPED: list[tuple[str, Callable[[], object], list[str]]] = [
                          ids=[i for i, _, _ in TYPED])
 def test_config_fields_are_typed_finite_and_named_when_wrong(make: Callable[[], object],
                                                              needles: list[str]) -> None:
-    with pytest.raises(ValueError) as info:
-        make()
-    message = str(info.value)
-    for needle in needles:
-        assert needle in message, f"{needle!r} missing from: {message}"
+    assert_clear_error(make, needles)
 
 
 def test_typed_fields_are_normalised_for_json() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -18,17 +17,6 @@ from handformer.masks import (
     to_torch_attn_mask,
     to_torch_key_padding_mask,
 )
-
-
-def json_round_trip(data: dict) -> dict:
-    """Through real JSON text, as config.json would be."""
-    return json.loads(json.dumps(data))
-
-
-def model_kwargs(**overrides: object) -> dict:
-    """A small valid ModelConfig, with overrides."""
-    return {"vocab_size": 37, "d_model": 32, "n_heads": 4, "n_layers": 2, "max_len": 16,
-            **overrides}
 
 
 # =========================================================================================

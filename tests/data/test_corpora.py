@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from handformer.data.corpora import CorpusError, builtin_text, read_text_file
-
-
-def json_round_trip(data: dict) -> dict:
-    """Through real JSON text, as config.json would be."""
-    return json.loads(json.dumps(data))
-
-
-def model_kwargs(**overrides: object) -> dict:
-    """A small valid ModelConfig, with overrides."""
-    return {"vocab_size": 37, "d_model": 32, "n_heads": 4, "n_layers": 2, "max_len": 16,
-            **overrides}
 
 
 # =========================================================================================

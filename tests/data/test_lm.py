@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -11,17 +9,6 @@ import torch
 from handformer.data import Batch, LMWindows, collate_sequences, train_val_split
 from handformer.data.corpora import CorpusError
 from handformer.loss import IGNORE_INDEX
-
-
-def json_round_trip(data: dict) -> dict:
-    """Through real JSON text, as config.json would be."""
-    return json.loads(json.dumps(data))
-
-
-def model_kwargs(**overrides: object) -> dict:
-    """A small valid ModelConfig, with overrides."""
-    return {"vocab_size": 37, "d_model": 32, "n_heads": 4, "n_layers": 2, "max_len": 16,
-            **overrides}
 
 
 # =========================================================================================
