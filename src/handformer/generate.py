@@ -312,7 +312,7 @@ def generate(
     checked: dict[str, Any] = {}  # the first call: validate as usual
     start, cached = 0, False  # window start; whether the cache holds [start, length - 1)
     try:
-        with _small_op_kernels(next(model.parameters())):
+        with _small_op_kernels(param):
             for _ in range(max_new_tokens):
                 new_start = _slide(start, length, max_len)
                 if cache is None:
