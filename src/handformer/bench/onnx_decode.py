@@ -9,8 +9,8 @@ after a warm-up. Each row also says whether its tokens equal handformer's. Witho
 onnxruntime (the ``onnx`` extra) it says so, writes a JSON that records the skip, and
 exits 0.
 
-    python -m handformer.bench.onnx_decode            # 4L/128d × 256 tokens
-    python -m handformer.bench.onnx_decode --quick    # seconds; CI runs it so it never rots
+    python benchmarks/onnx_decode.py            # 4L/128d × 256 tokens
+    python benchmarks/onnx_decode.py --quick    # seconds; CI runs it so it never rots
 """
 
 from __future__ import annotations
