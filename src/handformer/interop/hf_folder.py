@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -28,16 +27,22 @@ from handformer.interop.gpt2 import (
     from_gpt2_state_dict,
     to_gpt2_state_dict,
 )
+from handformer.interop.hf_tokenizer import (
+    TOKENIZER_FILES,
+    read_folder_tokenizer,
+    write_folder_tokenizer,
+)
 from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
-from handformer.tokenizers import HFTokenizer, load_tokenizer
 
 __all__ = ["HF_FOLDER", "export_gpt2_folder", "import_gpt2_folder"]
 
 
-# What ``export_gpt2_folder`` writes (the ``.tmp`` is a crash's leftover at most).
+# What ``export_gpt2_folder`` writes (the ``.tmp`` is a crash's leftover at most;
+# ``handformer_tokenizer.json`` is what folders converted before the Hugging Face tokenizer
+# files carried).
 HF_FOLDER = FolderSpec("hf", "a Hugging Face model folder", "handformer convert --to hf",
                        ("model.safetensors", "model.safetensors.tmp", "config.json",
-                        "tokenizer.json", "handformer_tokenizer.json"))
+                        *TOKENIZER_FILES, "handformer_tokenizer.json"))
 
 
 def _distinct(src: Path, dst: Path) -> None:
@@ -76,14 +81,11 @@ def import_gpt2_folder(src: str | Path, run_dir: str | Path, *,
     if hf_config.get("model_type") != "gpt2":
         raise ConversionError(f"{config_path}: model_type={hf_config.get('model_type')!r}; "
                               "only 'gpt2' decoders convert into a DecoderLM run")
-    if not (src / "tokenizer.json").is_file():
-        raise ConversionError(f"{src} has no tokenizer.json; a run folder needs one (save it "
-                              "with tokenizer.save_pretrained(...) from a fast tokenizer)")
+    tokenizer = read_folder_tokenizer(src)
     state = _read_state_dict(src)
     if not any(k.startswith("transformer.") for k in state):  # a bare GPT2Model checkpoint
         state = {f"transformer.{k}": v for k, v in state.items()}
     model = from_gpt2_state_dict(state, hf_config, source=str(src))
-    tokenizer = load_tokenizer(src / "tokenizer.json")
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ConversionError(f"{src / 'tokenizer.json'} has {tokenizer.vocab_size} tokens but "
                               f"{config_path} says vocab_size={model.config.vocab_size}")
@@ -94,11 +96,11 @@ def import_gpt2_folder(src: str | Path, run_dir: str | Path, *,
 
 def export_gpt2_folder(run_dir: str | Path, out: str | Path, *,
                        overwrite: bool = False) -> Path:
-    """A handformer run folder → a folder ``GPT2LMHeadModel.from_pretrained`` loads.
-
-    A character vocabulary has no ``transformers`` tokenizer class; it is copied as
-    ``handformer_tokenizer.json`` beside the model. Hugging Face tokenizers are copied as
-    ``tokenizer.json``. ``out`` is claimed as ``HF_FOLDER`` (see the module docstring).
+    """A handformer run folder → a folder that ``transformers`` loads whole:
+    ``GPT2LMHeadModel.from_pretrained``, ``AutoTokenizer.from_pretrained`` and
+    ``pipeline("text-generation", model=out)``, whose greedy text is ``handformer
+    generate``'s. The tokenizer files are ``handformer.interop.hf_tokenizer``'s. ``out`` is
+    claimed as ``HF_FOLDER`` (see the module docstring).
     """
     from handformer.runs import load_run
 
@@ -108,6 +110,8 @@ def export_gpt2_folder(run_dir: str | Path, out: str | Path, *,
     run = load_run(run_dir, kind="lm")
     model, tokenizer = run.model, run.tokenizer
     hf_config = config_to_gpt2(model.config)
+    hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
+                     pad_token_id=tokenizer.pad_id)
     state = to_gpt2_state_dict(model)
     del state["lm_head.weight"]  # tied to transformer.wte.weight, stored once
     with writing_folder(out, HF_FOLDER, overwrite=overwrite):
@@ -115,7 +119,6 @@ def export_gpt2_folder(run_dir: str | Path, out: str | Path, *,
         save_file(state, str(tmp), metadata={"format": "pt"})
         tmp.replace(out / "model.safetensors")
         atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2))
-        name = "tokenizer.json" if isinstance(tokenizer, HFTokenizer) \
-            else "handformer_tokenizer.json"
-        shutil.copyfile(Path(run_dir) / "tokenizer.json", out / name)
+        write_folder_tokenizer(out, tokenizer, model.config.max_len)
+        (out / "handformer_tokenizer.json").unlink(missing_ok=True)  # an older export's
     return out

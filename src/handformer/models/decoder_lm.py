@@ -57,7 +57,9 @@ class DecoderLM(nn.Module):
     takes explicitly (``generate`` does this): the same ``forward``, one token per step.
     ``forward`` raises ``ValueError`` for ids that are not (B, T) integers, ids outside
     [0, vocab_size), or a padding mask that is not bool (B, T); learned positions raise
-    ``ValueError`` past ``max_len``. A config whose weights cannot fit in memory is refused
+    ``ValueError`` past ``max_len`` (the two value checks run in eager calls; while torch
+    traces the model — export, ONNX, ``torch.compile`` — they are left out, see
+    ``check_ids``). A config whose weights cannot fit in memory is refused
     with ``MemoryBudgetError`` before anything is allocated (``models.budget``).
     """
 

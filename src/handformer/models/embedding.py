@@ -40,6 +40,11 @@ def check_ids(ids: Tensor, padding_mask: Tensor | None, vocab_size: int, who: st
     convert it (``handformer.masks.check_padding_mask``). Unless ``allow_empty_rows``, every
     row needs at least one real token (a pooled encoder has nothing to pool). The range check
     reads the ids once (one host sync): run it at entry points, not per generated token.
+
+    While the model is being traced (``torch.export``, the ONNX exporter, ``torch.compile``)
+    only the shape and dtype checks run: the value checks read tensor data back to the host,
+    which a traced graph cannot express (the traced program has no Python to raise from).
+    Eager calls — every command, ``generate``'s prompt, a user's ``model(ids)`` — keep them.
     """
     if ids.dim() != 2:
         raise ValueError(f"{who} expects ids of shape (B, T); got {tuple(ids.shape)}")
@@ -49,12 +54,14 @@ def check_ids(ids: Tensor, padding_mask: Tensor | None, vocab_size: int, who: st
         raise ValueError(f"{who}: ids have no tokens (T = 0); got {tuple(ids.shape)}")
     if padding_mask is not None:
         check_padding_mask(padding_mask, tuple(ids.shape), who)
-        if not allow_empty_rows:
-            empty = (~padding_mask.any(dim=1)).nonzero().flatten().tolist()
-            if empty:
-                raise ValueError(f"{who}: rows {empty[:5]} of the batch have no real token "
-                                 "(padding_mask all False); drop empty sequences before "
-                                 "batching")
+    if torch.compiler.is_compiling():  # tracing: no data-dependent checks (see above)
+        return
+    if padding_mask is not None and not allow_empty_rows:
+        empty = (~padding_mask.any(dim=1)).nonzero().flatten().tolist()
+        if empty:
+            raise ValueError(f"{who}: rows {empty[:5]} of the batch have no real token "
+                             "(padding_mask all False); drop empty sequences before "
+                             "batching")
     if ids.numel():
         lo, hi = (int(v) for v in torch.aminmax(ids))  # one pass, one sync
         if lo < 0 or hi >= vocab_size:

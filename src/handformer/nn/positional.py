@@ -65,7 +65,10 @@ class LearnedPositions(nn.Module):
         self.table = nn.Embedding(max_len, d_model)
 
     def forward(self, positions: Tensor) -> Tensor:
-        if positions.numel() and int(positions.max()) >= self.max_len:
+        # The range check reads a value back to the host, which a traced graph (torch.export,
+        # the ONNX exporter, torch.compile) cannot express: it runs in eager calls only.
+        if (not torch.compiler.is_compiling() and positions.numel()
+                and int(positions.max()) >= self.max_len):
             length = int(positions.max()) + 1
             raise ValueError(
                 f"learned positions cover 0..{self.max_len - 1} (max_len={self.max_len}) but "
