@@ -1,9 +1,9 @@
 """Draw the guided tour's pictures (docs/img/) with handformer's own code.
 
-    python docs/make_pictures.py                      # every quick picture, a few minutes on 2 CPU cores
-    python docs/make_pictures.py positions masks      # only these (names below)
-    python docs/make_pictures.py length-convergence   # the 128 → 512 study: ~6 min on 2 idle cores
-    python docs/make_pictures.py --out /tmp/pics      # somewhere else (default: docs/img)
+    python docs/make_pictures.py                     # the quick ones: minutes on 2 CPU cores
+    python docs/make_pictures.py positions masks     # only these (names below)
+    python docs/make_pictures.py length-convergence  # the 128 → 512 study: ~6 min, 2 idle cores
+    python docs/make_pictures.py --out /tmp/pics     # somewhere else (default: docs/img)
 
 Nothing here draws a picture twice: the masks and attention maps are the doctor's
 (``handformer.doctor.run(..., pictures=DIR)``, the same as ``handformer doctor --pictures``),
@@ -155,7 +155,7 @@ def _default_style_run(tmp: Path):
 def draw_trained(out: Path) -> None:
     from handformer.train.plots import plot_loss_curve, read_metrics
 
-    tok, windows = _builtin_windows(32)
+    _, windows = _builtin_windows(32)
     with tempfile.TemporaryDirectory() as tmp:
         run = _default_style_run(Path(tmp))
         plot_loss_curve(read_metrics(run.run_dir / "metrics.jsonl"), out / "loss-curve.png",

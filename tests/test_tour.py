@@ -23,8 +23,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
-import io
 import importlib.util
+import io
 import re
 import sys
 import time
@@ -268,7 +268,8 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     tour.write_text(
         "# t\n\n```python\nx = 2\nprint(x * 21)\n```\n\n```text\n41\n```\n\n"
         "```python\nprint('no output block')\n```\n\n"
-        "## a section\n\n```python\nprint(x)\nraise RuntimeError('boom')\n```\n\n```text\n2\n```\n\n"
+        "## a section\n\n```python\nprint(x)\nraise RuntimeError('boom')\n```\n\n"
+        "```text\n2\n```\n\n"
         "[gone](../nowhere.py) [t](../tests/test_tour.py::test_that_does_not_exist)\n"
         "[`parse_blocks`](../tests/test_tour.py) [`no_such_name`](../tests/test_tour.py)\n",
         encoding="utf-8")
@@ -307,8 +308,10 @@ MAX_PICTURE_BYTES = 160_000  # docs/img is committed: keep each picture small
 
 
 def load_make_pictures():
-    spec = importlib.util.spec_from_file_location("make_pictures", ROOT / "docs" / "make_pictures.py")
+    spec = importlib.util.spec_from_file_location("make_pictures",
+                                                  ROOT / "docs" / "make_pictures.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules["make_pictures"] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 
