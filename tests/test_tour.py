@@ -2,11 +2,15 @@
 and its printed output compared with the ```text block that follows it.
 
 Within one tour the blocks run in order in one shared namespace (a later block may use names
-an earlier one defined), each with its stdout captured. Every python block must be followed by
-a text block holding exactly what it prints (trailing whitespace ignored). Links in the tours
-must point at files that exist; a link ``../tests/test_x.py::test_name`` at a test function
-that exists; a link whose text is a code span naming a Python object (`` [`causal_mask`](
-../src/handformer/masks.py) ``) at a file that defines it.
+an earlier one defined), from the repository root, each with its stdout captured. Every python
+block must be followed by a text block holding exactly what it prints (trailing whitespace
+ignored), in the same section: an output block under the next heading reads as that section's
+output and is refused. Blocks inside ``<details>`` (the exercises' solutions) run like any
+other. Links in the tours must point at files that exist; a link
+``../tests/test_x.py::test_name`` at a test function that exists; a link whose text is a code
+span naming a Python object (`` [`causal_mask`](../src/handformer/masks.py) ``) at a file that
+defines it. Every picture a tour shows must exist, be small, and be one that
+``docs/make_pictures.py`` draws (the command the tours name).
 
 To refresh the expected output after changing a snippet, run the snippet and paste what it
 prints, or let this file do exactly that::
@@ -19,6 +23,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import difflib
+import importlib.util
 import io
 import re
 import sys
@@ -34,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TOURS = [ROOT / "docs" / "tour.md", ROOT / "docs" / "tour.zh.md"]
 
 FENCE = re.compile(r"^```\s*([\w.+-]*)\s*$")
+HEADING = re.compile(r"^#{1,6} ")
 LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)|!\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_NAME = re.compile(r"^`([A-Za-z_][\w.]*)(?:\(\))?`$")
 
@@ -44,16 +50,20 @@ class Block:
     line: int  # 1-based line of the opening fence
     body: str
     end: int  # 1-based line of the closing fence
+    section: str = ""  # the heading the block sits under ("" before the first one)
 
 
 def parse_blocks(text: str, source: str = "<tour>") -> list[Block]:
     """Fenced code blocks in order. An unterminated fence is an error, not a silent skip."""
     blocks: list[Block] = []
     lines = text.splitlines()
+    section = ""
     i = 0
     while i < len(lines):
         m = FENCE.match(lines[i])
         if m is None:
+            if HEADING.match(lines[i]):
+                section = lines[i].strip()
             i += 1
             continue
         start, lang = i, m.group(1).lower()
@@ -64,7 +74,7 @@ def parse_blocks(text: str, source: str = "<tour>") -> list[Block]:
             i += 1
         if i == len(lines):
             raise ValueError(f"{source}:{start + 1}: code fence opened here is never closed")
-        blocks.append(Block(lang, start + 1, "\n".join(body) + "\n", i + 1))
+        blocks.append(Block(lang, start + 1, "\n".join(body) + "\n", i + 1, section))
         i += 1
     return blocks
 
@@ -81,27 +91,36 @@ def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
 
+def output_block(blocks: list[Block], n: int) -> Block | None:
+    """The output of python block ``n``: the next block, if it is a text block under the
+    same heading."""
+    following = blocks[n + 1] if n + 1 < len(blocks) else None
+    if following is None or following.lang != "text":
+        return None
+    return following if following.section == blocks[n].section else None
+
+
 def run_tour(path: Path) -> list[Outcome]:
-    """Execute the python blocks of one tour in one namespace; capture each one's stdout."""
+    """Execute the python blocks of one tour in one namespace, from the repository root (a
+    snippet may read a file of the repository); capture each one's stdout."""
     blocks = parse_blocks(path.read_text(encoding="utf-8"), str(path))
     namespace: dict[str, object] = {"__name__": "__tour__"}
     outcomes: list[Outcome] = []
-    for n, block in enumerate(blocks):
-        if block.lang != "python":
-            continue
-        following = blocks[n + 1] if n + 1 < len(blocks) else None
-        expected = following if following is not None and following.lang == "text" else None
-        buffer = io.StringIO()
-        error = None
-        try:
-            code = compile(block.body, f"{path.name}:{block.line}", "exec")
-            with contextlib.redirect_stdout(buffer):
-                exec(code, namespace)  # the tour is our own documentation
-        except Exception:  # reported with the block's line number
-            error = traceback.format_exc(limit=-3)
-        outcomes.append(Outcome(block, expected, buffer.getvalue(), error))
-        if error is not None:
-            break  # later blocks depend on this one's names
+    with contextlib.chdir(ROOT):
+        for n, block in enumerate(blocks):
+            if block.lang != "python":
+                continue
+            buffer = io.StringIO()
+            error = None
+            try:
+                code = compile(block.body, f"{path.name}:{block.line}", "exec")
+                with contextlib.redirect_stdout(buffer):
+                    exec(code, namespace)  # the tour is our own documentation
+            except Exception:  # reported with the block's line number
+                error = traceback.format_exc(limit=-3)
+            outcomes.append(Outcome(block, output_block(blocks, n), buffer.getvalue(), error))
+            if error is not None:
+                break  # later blocks depend on this one's names
     return outcomes
 
 
@@ -113,7 +132,8 @@ def describe_failures(path: Path, outcomes: list[Outcome]) -> list[str]:
             problems.append(f"{where}: the python block raised\n{o.error}")
             continue
         if o.expected is None:
-            problems.append(f"{where}: the python block has no ```text output block after it; "
+            problems.append(f"{where}: the python block has no ```text output block after it "
+                            f"in its own section ({o.block.section or 'before any heading'}); "
                             f"it printed:\n{o.actual}")
             continue
         want, got = _normalise(o.expected.body), _normalise(o.actual)
@@ -248,10 +268,14 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     tour.write_text(
         "# t\n\n```python\nx = 2\nprint(x * 21)\n```\n\n```text\n41\n```\n\n"
         "```python\nprint('no output block')\n```\n\n"
-        "```python\nprint(x)\nraise RuntimeError('boom')\n```\n\n```text\n2\n```\n\n"
+        "## a section\n\n```python\nprint(x)\nraise RuntimeError('boom')\n```\n\n"
+        "```text\n2\n```\n\n"
         "[gone](../nowhere.py) [t](../tests/test_tour.py::test_that_does_not_exist)\n"
         "[`parse_blocks`](../tests/test_tour.py) [`no_such_name`](../tests/test_tour.py)\n",
         encoding="utf-8")
+    misplaced = docs / "misplaced.md"  # the output sits under the next heading
+    misplaced.write_text("## one\n\n```python\nprint(1)\n```\n\n## two\n\ntext\n\n"
+                         "```text\n1\n```\n", encoding="utf-8")
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_tour.py").write_text(Path(__file__).read_text("utf-8"), "utf-8")
     global ROOT
@@ -260,18 +284,83 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     try:
         problems = describe_failures(tour, run_tour(tour))
         links = check_links(tour)
+        misplaced_problems = describe_failures(misplaced, run_tour(misplaced))
     finally:
         ROOT = saved
     assert len(problems) == 3, problems
     assert problems[0].startswith("docs/tour.md:3: output differs")
     assert "-41" in problems[0] and "+42" in problems[0]
     assert problems[1].startswith("docs/tour.md:12: the python block has no ```text")
-    assert problems[2].startswith("docs/tour.md:16: the python block raised")
+    assert problems[2].startswith("docs/tour.md:18: the python block raised")
     assert "RuntimeError: boom" in problems[2]
+    assert len(misplaced_problems) == 1, misplaced_problems
+    assert misplaced_problems[0].startswith("docs/misplaced.md:3: the python block has no ```text")
+    assert "in its own section (## one)" in misplaced_problems[0]
     assert len(links) == 3, links
     assert "missing file" in links[0]
     assert "no function test_that_does_not_exist" in links[1]
     assert "does not define no_such_name" in links[2]
+
+
+# -- pictures ---------------------------------------------------------------------------------
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+MAX_PICTURE_BYTES = 160_000  # docs/img is committed: keep each picture small
+
+
+def load_make_pictures():
+    spec = importlib.util.spec_from_file_location("make_pictures",
+                                                  ROOT / "docs" / "make_pictures.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_pictures"] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def shown_pictures(path: Path) -> list[str]:
+    """The pictures a tour shows (``![…](img/x.png)``), as paths relative to docs/."""
+    return IMAGE.findall(path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("tour", TOURS, ids=[p.name for p in TOURS])
+def test_every_picture_the_tour_shows_exists_and_is_drawn_by_make_pictures(tour: Path) -> None:
+    make_pictures = load_make_pictures()
+    drawn = {f: p for p in make_pictures.PICTURES for f in p.files}
+    text = tour.read_text(encoding="utf-8")
+    shown = shown_pictures(tour)
+    assert shown, f"{tour.name} shows no picture"
+    assert make_pictures.COMMAND in text, f"{tour.name} never names {make_pictures.COMMAND!r}"
+    for target in shown:
+        file = (tour.parent / target).resolve()
+        assert file.parent == make_pictures.IMG, f"{target}: pictures live in docs/img/"
+        assert file.name in drawn, f"{target}: docs/make_pictures.py does not draw it"
+        assert file.is_file(), f"{target} is missing; run {make_pictures.COMMAND}"
+        assert file.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{target} is not a PNG"
+        size = file.stat().st_size
+        assert size < MAX_PICTURE_BYTES, f"{target} is {size} bytes; keep it small"
+        picture = drawn[file.name]
+        if not picture.quick:  # drawn only on request: the tour must say how
+            assert f"{make_pictures.COMMAND} {picture.name}" in text, (
+                f"{tour.name} shows {target} without naming "
+                f"`{make_pictures.COMMAND} {picture.name}`")
+
+
+def test_every_file_in_docs_img_is_one_make_pictures_draws() -> None:
+    make_pictures = load_make_pictures()
+    drawn = {f for p in make_pictures.PICTURES for f in p.files}
+    stray = sorted(f.name for f in make_pictures.IMG.iterdir() if f.name not in drawn)
+    assert not stray, f"docs/img holds files nothing regenerates: {stray}"
+
+
+def test_make_pictures_draws_the_quick_untrained_pictures(tmp_path: Path) -> None:
+    """The pictures that need no training, drawn for real into a scratch folder (the trained
+    ones take minutes: ``python docs/make_pictures.py`` draws them all)."""
+    make_pictures = load_make_pictures()
+    assert make_pictures.main(["positions", "masks", "--out", str(tmp_path)]) == 0
+    for name in ("positions.png", "doctor-masks.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < MAX_PICTURE_BYTES
+    with pytest.raises(SystemExit):
+        make_pictures.main(["no-such-picture", "--out", str(tmp_path)])
 
 
 # -- refreshing the expected output -----------------------------------------------------------
