@@ -72,7 +72,7 @@ class SpeculationStats:
     accepted: int = 0
     target_calls: int = 0
     draft_calls: int = 0
-    new_tokens: int = 0  # per row
+    new_tokens: int = 0  # per row (summed over calls when one object is passed to several)
     per_step_accepted: list[int] = field(default_factory=list)
 
     @property
@@ -331,15 +331,14 @@ def speculative_generate(
                 stats.per_step_accepted.append(n)
                 verifier.rollback(length + n)  # keep the prefix every row agreed on
                 proposer.rollback(length + n)
-                emit = min(n + 1, left)
                 stop = False
-                for j in range(emit):
+                for j in range(n + 1):  # n + 1 <= k + 1 <= left
                     tokens[:, length] = out[:, j]
                     length += 1
+                    stats.new_tokens += 1
                     if on_token is not None and on_token(out[:, j]):
                         stop = True
                         break
-                stats.new_tokens = length - prompt_len
                 if stop or (eos_id is not None and bool(finished.all())):
                     break
     finally:
