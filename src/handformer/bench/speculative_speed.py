@@ -79,26 +79,25 @@ def _time_alternating(fns: dict[str, Callable[[], Any]], repeats: int
     return times, results
 
 
-def verify_ratio(model: nn.Module, k: int, context: int = 32, reps: int = 30) -> float:
+def verify_ratio(model: nn.Module, k: int, context: int = 32, reps: int = 60) -> float:
     """Time of one cached forward over ``k + 1`` new tokens / over 1 new token, after
-    ``context`` cached tokens (medians): what checking K proposals costs in target steps."""
+    ``context`` cached tokens (medians, the two widths alternated): what checking K
+    proposals costs in target steps."""
     vocab = model.config.vocab_size  # type: ignore[union-attr]
     context = min(context, model.config.max_len - k - 1)  # type: ignore[union-attr]
     prefix = torch.randint(0, vocab, (1, context))
-    medians = []
+    news = {width: torch.randint(0, vocab, (1, width)) for width in (1, k + 1)}
+    times: dict[int, list[float]] = {width: [] for width in news}
+    cache = model.make_cache(1)  # type: ignore[operator]
     with torch.inference_mode():
-        for width in (1, k + 1):
-            new = torch.randint(0, vocab, (1, width))
-            cache = model.make_cache(1)  # type: ignore[operator]
-            times = []
-            for _ in range(reps):
-                cache.reset()
-                model(prefix, cache=cache)
+        model(prefix, cache=cache)
+        for _ in range(reps):
+            for width, new in news.items():
+                cache.truncate(context)  # back to the prefix: the same work every time
                 t0 = time.perf_counter()
                 model(new, cache=cache, validate=False)
-                times.append(time.perf_counter() - t0)
-            medians.append(statistics.median(times))
-    return medians[1] / medians[0]
+                times[width].append(time.perf_counter() - t0)
+    return statistics.median(times[k + 1]) / statistics.median(times[1])
 
 
 def measure_pair(pair: Pair, ks: list[int], new_tokens: int, repeats: int,
