@@ -410,7 +410,8 @@ PRESETS: dict[str, Preset] = {
     "medium": Preset(
         description="6 layers, d_model 384, window 64 on the built-in text: a model whose "
         "per-token cost is dominated by reading its weights, the target that speculative "
-        "decoding is measured on; bf16 autocast, 3000 steps (about 15 minutes on one CPU thread)",
+        "decoding is measured on; bf16 autocast, 3000 steps (0.22 s a step on one free CPU thread: "
+        "about 12 minutes; val ≈ 1.23 nats/char)",
         model=dict(d_model=384, n_heads=6, n_layers=6, max_len=64, dropout=0.0,
                    positional="learned", norm="pre", attention="sdpa", activation="gelu"),
         train=dict(batch_size=12, block_size=64, max_steps=3000, lr=1e-3, min_lr=1e-4,
