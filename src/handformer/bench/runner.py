@@ -15,10 +15,12 @@ from handformer.runs import FolderSpec
 
 __all__ = ["BENCHMARKS", "BENCH_FOLDER", "draw_chart", "is_bench_json", "run_benchmarks"]
 
-BENCHMARKS = ("tokenizer", "generation", "train", "attention", "time_to_loss", "onnx")
+BENCHMARKS = ("tokenizer", "generation", "train", "attention", "time_to_loss", "onnx",
+              "speculative")
 _MODULES = {"tokenizer": "tokenizer_throughput", "generation": "generation_speed",
             "train": "train_throughput", "attention": "attention_memory",
-            "time_to_loss": "time_to_loss", "onnx": "onnx_decode"}
+            "time_to_loss": "time_to_loss", "onnx": "onnx_decode",
+            "speculative": "speculative_speed"}
 # Benchmarks that train on text take ``--data FILE`` (default: the built-in text).
 _TAKES_DATA = ("time_to_loss",)
 MERGED, CHART = "bench.json", "bench.png"
@@ -88,6 +90,11 @@ def draw_chart(merged: dict[str, Any], path: Path) -> None:
             if not rows:  # the onnx extra is not installed
                 ax.text(0.5, 0.5, data.get("skipped", "skipped"), ha="center", va="center",
                         wrap=True, fontsize=8, transform=ax.transAxes)
+        elif name == "speculative":
+            rows = [r for r in data["rows"] if "tokens_per_s" in r]
+            ax.barh([f"{r['pair']} {r['contender']}" for r in rows],
+                    [r["tokens_per_s"] for r in rows])
+            ax.set_xlabel("tokens/s, batch 1, greedy (higher is better)")
         elif name == "train":
             rows = data["rows"]
             ax.barh([f"{r['config']} {r['contender']}" for r in rows],

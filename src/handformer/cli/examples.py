@@ -30,12 +30,15 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "torchrun --standalone --nproc_per_node=2 -m handformer train --preset tiny --out runs/ddp",
         "torchrun --standalone --nproc_per_node=2 -m handformer train --strategy fsdp  # sharded",
         "handformer train --data tinyshakespeare.txt --preset shakespeare-fast   # val 1.88 fast",
+        "handformer train --draft-for runs/default --out runs/default-draft   # a 2-layer draft",
     ),
     "generate": (
         "handformer generate --run runs/default --prompt \"The \" --temperature 0.8 --top-k 20",
         "handformer generate --run runs/default --prompt-file prompts.txt --temperature 0",
         "handformer generate --run runs/default --interactive --max-new-tokens 100",
         "handformer generate --run runs/default --top-p 0.9 --repetition-penalty 1.2 --seed 0",
+        "handformer generate --run runs/medium --draft runs/medium-draft --speculate 4 "
+        "--temperature 0",
     ),
     "classify": (
         "handformer classify train                        # built-in balanced-brackets task",

@@ -14,6 +14,7 @@ from handformer.cli.common import (
     PROBABILITY,
     UsageError,
     device_name,
+    folder_arg,
     non_negative_int,
     positive_int,
     reporting,
@@ -21,6 +22,11 @@ from handformer.cli.common import (
 )
 
 __all__ = ["register", "run_generate"]
+
+# The same bound as handformer.generate.MAX_SPECULATE (kept here: the parser is built
+# without importing torch); tests hold the two equal.
+MAX_SPECULATE = 32
+DEFAULT_SPECULATE = 4
 
 
 def register(sub: Any) -> None:
@@ -46,11 +52,29 @@ def register(sub: Any) -> None:
     gen.add_argument("--no-cache", action="store_true", help="recompute the whole context "
                      "every step (slow; for comparison)")
     gen.add_argument("--device", type=device_name, default="cpu")
+    gen.add_argument("--draft", type=folder_arg, default=None, metavar="RUN_DIR",
+                     help="speculative decoding: a small run with the same tokenizer proposes "
+                     "tokens that the model checks several at a time (train one with "
+                     "`handformer train --draft-for RUN`); greedy output is unchanged, "
+                     "sampled tokens keep the model's distribution; prints the acceptance "
+                     "rate on stderr")
+    gen.add_argument("--speculate", type=_speculate_int, default=None, metavar="K",
+                     help=f"draft tokens proposed per step with --draft (1-{MAX_SPECULATE}, "
+                     f"default {DEFAULT_SPECULATE})")
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                      help="cast the model for inference (bfloat16: half the weight traffic; "
                      "logits differ from float32 in the 2nd–3rd digit)")
     # warnings (unknown characters, a prompt cropped to the window) as plain lines
     gen.set_defaults(handler=reporting("generate", run_generate))
+
+
+def _speculate_int(text: str) -> int:
+    """argparse type: an int in [1, MAX_SPECULATE]."""
+    value = positive_int(text)
+    if value > MAX_SPECULATE:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_SPECULATE} draft tokens per "
+                                         f"step; got {value}")
+    return value
 
 
 def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
@@ -72,23 +96,52 @@ def _check_options(args: argparse.Namespace) -> None:
         raise UsageError("--prompt is empty; give at least one character")
     if any(stop == "" for stop in args.stop):
         raise UsageError("--stop strings must be non-empty")
+    if args.draft is None:
+        if args.speculate is not None:
+            raise UsageError("--speculate needs --draft RUN_DIR (the model that proposes)")
+        return
+    if args.no_cache:
+        raise UsageError("--draft verifies proposals with the KV cache; drop --no-cache")
+    if args.repetition_penalty != 1.0:
+        raise UsageError("--draft does not take --repetition-penalty (a position's penalty "
+                         "depends on the proposals before it)")
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from handformer.generate import generate_text
+    from handformer.generate import SpeculationStats, check_same_tokenizer, generate_text
     from handformer.runs import load_run
 
     _check_options(args)
     run = load_run(args.run, device=args.device, kind="lm")
     model, tokenizer = run.model, run.tokenizer
+    draft = None
+    if args.draft is not None:
+        draft_run = load_run(args.draft, device=args.device, kind="lm")
+        check_same_tokenizer(tokenizer, draft_run.tokenizer)
+        draft = draft_run.model
     if args.dtype != "float32":
         import torch
 
         model = model.to(getattr(torch, args.dtype))
-    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    repetition_penalty=args.repetition_penalty, seed=args.seed,
-                    use_cache=not args.no_cache)
+        draft = None if draft is None else draft.to(getattr(torch, args.dtype))
+    sampling: dict[str, Any] = dict(temperature=args.temperature, top_k=args.top_k,
+                                    top_p=args.top_p, seed=args.seed)
+    stats = SpeculationStats()
+    if draft is None:
+        sampling.update(repetition_penalty=args.repetition_penalty,
+                        use_cache=not args.no_cache)
+    else:
+        sampling.update(draft=draft, speculate=args.speculate or DEFAULT_SPECULATE,
+                        stats=stats)
+    try:
+        return _generate_all(args, model, tokenizer, sampling, generate_text)
+    finally:
+        if draft is not None and stats.target_calls:
+            print(f"handformer generate: {stats.summary()}", file=sys.stderr, flush=True)
 
+
+def _generate_all(args: argparse.Namespace, model: Any, tokenizer: Any,
+                  sampling: dict[str, Any], generate_text: Any) -> int:
     def one(prompt: str) -> None:
         if not prompt:
             raise ValueError("the prompt is empty; give at least one character")

@@ -45,6 +45,10 @@ def register(sub: Any) -> None:
                        help="continue RUN_DIR from its newest checkpoint; the recipe, "
                        "tokenizer and data come from the run folder (only --max-steps and "
                        "--no-progress may be given)")
+    train.add_argument("--draft-for", type=folder_arg, default=None, metavar="RUN_DIR",
+                       help="train a draft for speculative decoding (`generate --draft`): "
+                       "RUN_DIR's tokenizer, window and training text (unless --data), and "
+                       "the preset 'draft' unless --preset says otherwise")
     add_overwrite_option(train, "--out")
     train.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
                        help="characters (default) or a byte-level BPE learned on the text")
@@ -172,6 +176,32 @@ def _check_options(args: argparse.Namespace, preset: str) -> None:
         raise UsageError(str(err)) from None
 
 
+def _train_draft(args: argparse.Namespace, say: Any) -> Any:
+    """``--draft-for RUN_DIR``: a small model on the target run's text, with its tokenizer
+    and window, so that ``generate --draft`` can check its proposals id for id."""
+    from handformer.config import get_preset
+    from handformer.jobs.lm import draft_target, train_lm
+
+    if args.tokenizer is not None or args.vocab_size is not None:
+        raise UsageError("--draft-for takes the tokenizer from RUN_DIR; drop --tokenizer and "
+                         "--vocab-size")
+    preset = args.preset or "draft"
+    _check_options(args, preset)
+    target = draft_target(args.draft_for, args.data)
+    train_overrides = _train_overrides(args)
+    block = train_overrides.get("block_size", get_preset(preset).train.get("block_size", 64))
+    train_overrides["block_size"] = min(int(block), target.max_len)  # type: ignore[call-overload]
+    say(f"training a draft for {target.run_dir} on {target.data_source or args.data} "
+        f"({len(target.text):,} characters), preset {preset!r}, its tokenizer "
+        f"({target.tokenizer.vocab_size} tokens) and window ({target.max_len})", flush=True)
+    return train_lm(
+        target.text, out_dir=args.out or Path("runs/draft"), preset=preset,
+        model_overrides={**_model_overrides(args), "max_len": target.max_len},
+        train_overrides=train_overrides, progress=not args.no_progress,
+        overwrite=args.overwrite, tokenizer=target.tokenizer,
+        data_source=target.data_source)
+
+
 def _model_overrides(args: argparse.Namespace) -> dict[str, object]:
     return {k: v for k, v in {"attention": args.attention, "positional": args.positional,
                               "dropout": args.dropout}.items() if v is not None}
@@ -194,6 +224,8 @@ def _train(args: argparse.Namespace) -> tuple[int, Any]:
             run = resume_lm(args.resume, max_steps=args.max_steps,
                                  progress=not args.no_progress, strategy=args.strategy)
             say(f"resumed from step {run.resumed_from}")
+        elif args.draft_for is not None:
+            run = _train_draft(args, say)
         else:
             preset = args.preset or "default"
             _check_options(args, preset)

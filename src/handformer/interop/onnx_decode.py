@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from handformer.config import ModelConfig
-from handformer.generate import _slide
+from handformer.generate import slide_window
 from handformer.interop.gpt2 import ConversionError
 from handformer.interop.hf_tokenizer import hf_to_char
 from handformer.interop.onnx_export import FORMAT, require_onnx
@@ -101,7 +101,7 @@ class OnnxLM:
         max_len = self.config.max_len
         start, past = 0, None  # window start; the cache of tokens [start, length - 1)
         for _ in range(max_new_tokens):
-            new_start = _slide(start, length, max_len)
+            new_start = slide_window(start, length, max_len)
             if not self.with_cache:
                 logits, _ = self._run(tokens[:, new_start:length], None)
             elif past is None or new_start != start:  # first step, or the window moved

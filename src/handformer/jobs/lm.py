@@ -40,6 +40,7 @@ from handformer.runs import (
     RunFolderError,
     check_destination,
     folder_path,
+    load_run,
     save_run,
     writing_folder,
 )
@@ -64,7 +65,8 @@ from handformer.train.checkpoint import (
 from handformer.train.distributed import DistContext, init_distributed
 from handformer.train.trainer import Trainer, TrainResult, pick_device
 
-__all__ = ["BUILTIN_SOURCE", "LMRun", "build_configs", "resume_lm", "train_lm"]
+__all__ = ["BUILTIN_SOURCE", "DraftTarget", "LMRun", "build_configs", "draft_target",
+           "resume_lm", "train_lm"]
 
 BUILTIN_SOURCE = "builtin:pydoc_data.topics"
 
@@ -277,14 +279,16 @@ def train_lm(
     sample_tokens: int = 200,
     data_source: str | None = None,
     overwrite: bool = False,
-    tokenizer: str = "char",
+    tokenizer: str | Tokenizer = "char",
     vocab_size: int = 1000,
 ) -> LMRun:
     """Train a fresh LM on characters (``tokenizer="char"``) or on a byte-level BPE learned
-    from the same text (``"bpe"``, ``vocab_size`` tokens). ``data_source`` (a file path or
-    ``BUILTIN_SOURCE``) is recorded so that ``resume_lm`` can read the same text again."""
-    if tokenizer not in ("char", "bpe"):
-        raise ValueError(f"tokenizer must be 'char' or 'bpe'; got {tokenizer!r}")
+    from the same text (``"bpe"``, ``vocab_size`` tokens), or with a given ``Tokenizer``
+    (another run's: a draft for speculative decoding must share its target's tokens).
+    ``data_source`` (a file path or ``BUILTIN_SOURCE``) is recorded so that ``resume_lm``
+    can read the same text again."""
+    if isinstance(tokenizer, str) and tokenizer not in ("char", "bpe"):
+        raise ValueError(f"tokenizer must be 'char', 'bpe' or a Tokenizer; got {tokenizer!r}")
     # The process group comes first (a BPE is learned on rank 0 and sent to the others); it
     # needs only the training recipe's device, not the model, whose vocabulary is unknown yet.
     dist = distributed_context(build_train_config(preset, train_overrides))
@@ -292,8 +296,10 @@ def train_lm(
     # Refuse a folder that is not ours before the (possibly long) BPE training; nothing is
     # written until the configs are known to build.
     on_rank0_first(dist, lambda: check_destination(out_dir, LM_FOLDER, overwrite=overwrite))
-    if tokenizer == "char":
-        tokenizer_obj: Tokenizer = CharTokenizer.from_text(text)
+    if not isinstance(tokenizer, str):
+        tokenizer_obj: Tokenizer = tokenizer
+    elif tokenizer == "char":
+        tokenizer_obj = CharTokenizer.from_text(text)
     else:
         # Learned once, on rank 0; every other rank receives the very same merges.
         learned = BPETokenizer.train(text, vocab_size=vocab_size) if dist.is_main else None
@@ -314,6 +320,33 @@ def train_lm(
         return _run(text, tokenizer_obj, model, model_cfg, train_cfg, out_dir,
                     data_record(text, data_source), resume=None, progress=progress,
                     sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist)
+
+
+@dataclass
+class DraftTarget:
+    """What a draft model must share with the run it drafts for (``draft_target``)."""
+
+    run_dir: Path
+    tokenizer: Tokenizer
+    max_len: int
+    text: str
+    data_source: str | None
+
+
+def draft_target(run_dir: str | Path, data: Path | None = None) -> DraftTarget:
+    """Read what a draft for the LM run in ``run_dir`` needs: its tokenizer (the draft's
+    tokens must be the target's, id for id), its window and its training text (``data``
+    instead, if given). ``RunFolderError`` for a folder that is not an LM run;
+    ``ValueError`` if the recorded text cannot be read again or changed."""
+    run = load_run(run_dir, kind="lm")
+    if data is not None:
+        text, source = read_text_file(data), str(data.resolve())
+    else:
+        record = run.config.get("data")
+        text = load_recorded_text(record, run.run_dir)
+        source = (record or {}).get("source")
+    return DraftTarget(run.run_dir, run.tokenizer, run.model.config.max_len,  # type: ignore[union-attr]
+                       text, source)
 
 
 def _check_covers(tokenizer: Tokenizer, text: str, path: Path) -> None:

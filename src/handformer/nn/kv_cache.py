@@ -137,6 +137,25 @@ class DecoderCache:
         self.next_position += counts[:, -1]
         return positions, start
 
+    def truncate(self, length: int) -> None:
+        """Keep only the first ``length`` filled columns, as if the later ones had never been
+        appended: speculative decoding rolls back the tokens its target rejected this way.
+
+        Exact: the bookkeeping of the kept columns is untouched and ``next_position`` and
+        ``has_padding`` are recomputed from them (a column's position counts the real
+        tokens before it since the last ``reset``); the buffers past ``length`` are simply
+        overwritten by the next write, and attention never reads beyond the filled length.
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} filled columns to "
+                             f"{length}; expected 0 <= length <= {self.length}")
+        if length == self.length:
+            return
+        kept = self.key_mask[:, :length]  # (B, length)
+        self.next_position.copy_(kept.sum(dim=1))
+        self.has_padding = bool(length) and not bool(kept.all())
+        self.length = length
+
     def commit(self, t: int) -> None:
         """Mark T appended columns as filled, once every layer has written them."""
         self.length += t

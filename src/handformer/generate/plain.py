@@ -37,7 +37,7 @@ import inspect
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,13 +46,13 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.data.classification import DataWarning
-from handformer.data.padding import pad_sequences
 from handformer.masks import check_padding_mask
 from handformer.models.budget import Estimate, check_fits, generation_estimate
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["GREEDY_TEMPERATURE", "NonFiniteLogitsError", "apply_repetition_penalty",
-           "check_sampling", "generate", "generate_text", "sample_next"]
+           "check_sampling", "generate", "sample_next", "sampling_weights",
+           "slide_window"]
 
 # Below this temperature sampling takes the argmax (the T → 0 limit): float32 cannot hold
 # the temperature itself much lower (its smallest normal number is ~1.2e-38).
@@ -122,6 +122,39 @@ def _check_finite_logits(logits: Tensor, what: str) -> None:
             f"{int(pos_inf.sum())} +inf value(s), or no finite value at all")
 
 
+def sampling_weights(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> Tensor:
+    """logits (..., V) → the weights ``sample_next`` draws from (..., V): softmax of
+    ``logits / temperature``, with the tokens outside ``top_k`` and then outside ``top_p``'s
+    nucleus set to 0 (not renormalised: divide by the sum for a distribution). One function,
+    so that speculative decoding narrows the draft's and the target's logits exactly as
+    plain sampling does. Needs ``temperature >= GREEDY_TEMPERATURE`` (greedy has no weights).
+    """
+    scaled = logits.float() / temperature  # (..., V)
+    if not _all_finite(scaled):  # NaN/inf from the model, an overflow, or banned (-inf) ids
+        _check_finite_logits(logits, "the logits")
+        shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True)  # (..., V) ≤ 0
+        scaled = shifted / temperature  # in [-inf, 0]: exp cannot overflow
+    logits = scaled
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (..., 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)  # (..., V)
+    if top_p is not None and top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p.
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (..., V)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (..., V)
+        keep_sorted = mass_before < top_p  # the top token always stays
+        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
+        probs = probs.masked_fill(~keep, 0.0)
+    return probs
+
+
 def sample_next(
     logits: Tensor,
     *,
@@ -141,27 +174,12 @@ def sample_next(
     if temperature < GREEDY_TEMPERATURE:  # 0 included
         _check_finite_logits(logits, "the logits")
         return logits.argmax(dim=-1)
-    scaled = logits.float() / temperature  # (B, V)
-    if not _all_finite(scaled):  # NaN/inf from the model, an overflow, or banned (-inf) ids
-        _check_finite_logits(logits, "the logits")
-        shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True)  # (B, V) ≤ 0
-        scaled = shifted / temperature  # in [-inf, 0]: exp cannot overflow
-    logits = scaled
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
-    if top_p is not None and top_p < 1.0:
-        # Keep the smallest set of most likely tokens whose mass reaches top_p.
-        sorted_probs, order = probs.sort(dim=-1, descending=True)  # (B, V)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # (B, V)
-        keep_sorted = mass_before < top_p  # the top token always stays
-        keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-        probs = probs.masked_fill(~keep, 0.0)
+    probs = sampling_weights(logits, temperature=temperature, top_k=top_k,
+                             top_p=top_p)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _slide(start: int, length: int, max_len: int) -> int:
+def slide_window(start: int, length: int, max_len: int) -> int:
     """New window start once ``length - start`` tokens exceed ``max_len``: advance by half a
     window at a time, so a cached model refills once per ``max_len // 2`` tokens."""
     overflow = length - start - max_len
@@ -314,7 +332,7 @@ def generate(
     try:
         with _small_op_kernels(param):
             for _ in range(max_new_tokens):
-                new_start = _slide(start, length, max_len)
+                new_start = slide_window(start, length, max_len)
                 if cache is None:
                     logits = model(tokens[:, new_start:length], real[:, new_start:length],
                                    **checked)[:, -1]  # (B, V)
@@ -354,8 +372,8 @@ def generate(
 
 def _warn_if_cropped(padding_mask: Tensor | None, length: int, max_len: int) -> None:
     """One ``DataWarning`` when prompts do not fit the window: the first step reads only the
-    tokens from ``_slide``'s start on, as every later step does."""
-    start = _slide(0, length, max_len)
+    tokens from ``slide_window``'s start on, as every later step does."""
+    start = slide_window(0, length, max_len)
     if start == 0:
         return
     cut = (torch.ones(1, start, dtype=torch.bool) if padding_mask is None
@@ -382,68 +400,3 @@ def _blame(err: NonFiniteLogitsError, raw: Tensor, step: int, temperature: float
     return NonFiniteLogitsError(
         f"repetition_penalty={repetition_penalty} overflowed the logits at generated token "
         f"{step + 1}; use a penalty closer to 1 (1.1-1.3 is usual). Details: {err}")
-
-
-def _held_back(text: str, stops: Sequence[str]) -> int:
-    """How many trailing characters of ``text`` could still be the start of a stop string
-    (and so must not be streamed yet)."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
-
-
-def generate_text(
-    model: nn.Module,
-    tokenizer,
-    prompts: str | Sequence[str],
-    max_new_tokens: int,
-    *,
-    stop: Sequence[str] = (),
-    stream: Callable[[int, str], None] | None = None,
-    **sampling,
-) -> list[str]:
-    """Text in, text out: encode prompts (left-padded as a batch), generate, decode.
-
-    Returns each prompt's continuation, cut before the first stop string (which is never
-    streamed, not even in part). ``stream(row, text_piece)`` receives new text as it is
-    produced. Characters the tokenizer does not know become ``<unk>``.
-    """
-    prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
-    if not prompt_list or any(p == "" for p in prompt_list):
-        raise ValueError("prompts must be non-empty strings")
-    if any(s == "" for s in stop):
-        raise ValueError("stop strings must be non-empty")
-    ids, mask = pad_sequences([tokenizer.encode(p) for p in prompt_list], tokenizer.pad_id,
-                              side="left")  # (B, T): every prompt ends in the last column
-    texts = [""] * len(prompt_list)
-    streamed = [0] * len(prompt_list)
-    done = [False] * len(prompt_list)
-
-    def emit(row: int, upto: int) -> None:
-        if stream is not None and upto > streamed[row]:
-            stream(row, texts[row][streamed[row]:upto])
-        streamed[row] = max(streamed[row], upto)
-
-    def on_token(nxt: Tensor) -> bool:
-        for row, token in enumerate(nxt.tolist()):
-            if done[row]:
-                continue
-            texts[row] += tokenizer.decode([token])
-            hits = [texts[row].find(s) for s in stop if s in texts[row]]
-            if hits:
-                texts[row] = texts[row][: min(hits)]
-                done[row] = True
-                emit(row, len(texts[row]))
-            else:
-                emit(row, len(texts[row]) - _held_back(texts[row], stop))
-        return all(done)
-
-    generate(model, ids, max_new_tokens, padding_mask=mask, on_token=on_token,
-             eos_id=tokenizer.eos_id, **sampling)
-    for row in range(len(texts)):
-        emit(row, len(texts[row]))  # release text held back for a stop that never came
-    return texts

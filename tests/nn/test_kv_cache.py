@@ -1,0 +1,94 @@
+"""``DecoderCache.truncate``: rolling a cache back is exact — the state, and every logit
+after it, equal those of a cache that never saw the dropped tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handformer.models.decoder_lm import DecoderLM
+from handformer.nn.kv_cache import DecoderCache
+from tests.conftest import tiny_config
+
+POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
+
+
+def _model(positional: str, n_kv_heads: int = 4) -> DecoderLM:
+    torch.manual_seed(5)
+    return DecoderLM(tiny_config(positional=positional, n_kv_heads=n_kv_heads)).eval()
+
+
+def _state(cache: DecoderCache) -> tuple:
+    n = cache.length
+    return (n, cache.has_padding, cache.next_position.tolist(),
+            cache.key_mask[:, :n].tolist(), cache.key_positions[:, :n].tolist(),
+            [layer.kv[:, :, :n].clone() for layer in cache.layers])
+
+
+def _assert_same_state(a: DecoderCache, b: DecoderCache, atol: float = 0.0) -> None:
+    """Bookkeeping equal exactly; keys and values within ``atol`` (0: bit for bit)."""
+    sa, sb = _state(a), _state(b)
+    assert sa[:5] == sb[:5]
+    for ka, kb in zip(sa[5], sb[5], strict=True):
+        torch.testing.assert_close(ka, kb, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("positional", POSITIONALS)
+@pytest.mark.parametrize("n_kv_heads", [4, 1])
+def test_truncate_equals_never_having_appended(positional: str, n_kv_heads: int) -> None:
+    model = _model(positional, n_kv_heads)
+    prompt = torch.randint(0, 37, (2, 6))
+    mask = torch.tensor([[False, False, True, True, True, True], [True] * 6])  # left padding
+    extra, after = torch.randint(0, 37, (2, 4)), torch.randint(0, 37, (2, 3))
+    rolled, clean = model.make_cache(2), model.make_cache(2)
+    with torch.no_grad():
+        model(prompt, mask, cache=rolled)
+        model(extra[:, :1], cache=rolled)
+        model(extra, cache=rolled)  # 4 tokens that get rejected
+        rolled.truncate(7)
+        model(prompt, mask, cache=clean)
+        model(extra[:, :1], cache=clean)
+        _assert_same_state(rolled, clean)
+        got, want = model(after, cache=rolled), model(after, cache=clean)  # (B, 3, V)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    _assert_same_state(rolled, clean)
+
+
+def test_truncate_to_zero_and_into_the_padding_forgets_the_padding() -> None:
+    model = _model("alibi")
+    mask = torch.tensor([[False, True, True], [True, True, True]])
+    cache = model.make_cache(2)
+    with torch.no_grad():
+        model(torch.randint(0, 37, (2, 3)), mask, cache=cache)
+    cache.truncate(1)
+    assert cache.has_padding and cache.next_position.tolist() == [0, 1]
+    cache.truncate(0)
+    assert cache.length == 0 and not cache.has_padding
+    assert cache.next_position.tolist() == [0, 0]
+
+
+def test_truncate_after_a_sliding_refill_is_exact() -> None:
+    """Positions restart at the refill (``reset``); truncating after it counts from there."""
+    model = _model("learned")
+    ids = torch.randint(0, 37, (1, 30))
+    rolled, clean = model.make_cache(1), model.make_cache(1)
+    with torch.no_grad():
+        model(ids[:, :16], cache=rolled)
+        rolled.reset()  # the window slid: refill with the kept half, then go on
+        model(ids[:, 8:16], cache=rolled)
+        model(ids[:, 16:20], cache=rolled)
+        rolled.truncate(9)
+        model(ids[:, 8:17], cache=clean)
+    # token 16 went in with 3 others on one side, with 8 on the other: float rounding only
+    _assert_same_state(rolled, clean, atol=1e-5)
+    assert rolled.next_position.tolist() == [9]
+
+
+@pytest.mark.parametrize("length", [-1, 4])
+def test_truncate_refuses_lengths_outside_the_filled_part(length: int) -> None:
+    model = _model("rope")
+    cache = model.make_cache(1)
+    with torch.no_grad():
+        model(torch.randint(0, 37, (1, 3)), cache=cache)
+    with pytest.raises(ValueError, match=r"0 <= length <= 3"):
+        cache.truncate(length)
