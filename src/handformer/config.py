@@ -247,6 +247,8 @@ class TrainConfig(_DictMixin):
     ``lr``; both follow the one schedule. Muon is refused under ``strategy="fsdp"`` (its
     Newton–Schulz step needs each whole matrix; FSDP gives a rank a shard).
     ``embed_lr`` (> 0) gives the token embedding (and a tied head) its own AdamW rate.
+    ``seq_warmup_steps`` (> 0) trains on the first ``seq_warmup_start`` tokens of each window
+    at step 0, growing linearly to ``block_size`` at that step (language models only).
     Invalid values raise ``ValueError`` naming the field.
     """
 
@@ -282,6 +284,8 @@ class TrainConfig(_DictMixin):
     muon_lr_adjust: str = "match_rms_adamw"
     decay_fraction: float = 0.2
     embed_lr: float = 0.0
+    seq_warmup_steps: int = 0
+    seq_warmup_start: int = 16
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
@@ -289,7 +293,8 @@ class TrainConfig(_DictMixin):
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
-        for name in ("warmup_steps", "checkpoint_interval", "early_stopping_patience"):
+        for name in ("warmup_steps", "checkpoint_interval", "early_stopping_patience",
+                     "seq_warmup_steps"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be an int >= 0; got {value!r}")
@@ -322,6 +327,9 @@ class TrainConfig(_DictMixin):
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ValueError(f"TrainConfig.decay_fraction must be in (0, 1]; got "
                              f"{self.decay_fraction}")
+        if not 0 < self.seq_warmup_start <= self.block_size:
+            raise ValueError(f"TrainConfig.seq_warmup_start must be in [1, block_size="
+                             f"{self.block_size}]; got {self.seq_warmup_start}")
         if self.optimizer == "muon" and self.strategy == "fsdp":
             raise ValueError("optimizer='muon' cannot train under strategy='fsdp': Muon "
                              "orthogonalises each whole weight matrix, and FSDP gives every "

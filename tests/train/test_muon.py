@@ -148,3 +148,42 @@ def test_wsd_holds_the_rate_then_decays_linearly_over_the_last_fraction() -> Non
     assert lr_at(500, cfg) == pytest.approx(1e-4)
     lrs = [lr_at(s, cfg) for s in range(10, 111)]
     assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))  # never rises after warm-up
+
+
+def test_sequence_warmup_grows_the_window_and_resumes_exactly(tmp_path: Path) -> None:
+    cfg = train_config(max_steps=10, seq_warmup_steps=6, seq_warmup_start=8,
+                       checkpoint_interval=3)
+    from handformer.train.optim import window_at
+
+    widths = [window_at(s, cfg) for s in range(10)]
+    assert widths[0] == 8 and widths[6:] == [cfg.block_size] * 4
+    assert widths == sorted(widths) and all(w % 8 == 0 for w in widths)
+    seen: list[int] = []
+
+    def forward(model: torch.nn.Module, batch) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        if model.training:
+            seen.append(batch.ids.shape[1])
+        return model(batch.ids, padding_mask=batch.padding_mask)
+
+    straight = make_trainer(cfg, forward_fn=forward)
+    losses = straight.fit().train_losses
+    assert seen == widths
+    first = make_trainer(cfg, ckpt_dir=tmp_path)
+    head = first.fit(stop_at=3).train_losses
+    second = make_trainer(cfg, model_seed=4, ckpt_dir=tmp_path)
+    second.resume(list_checkpoints(tmp_path)[-1].path)
+    assert head + second.fit().train_losses == losses
+    with pytest.raises(ValueError, match="seq_warmup_start"):
+        TrainConfig(seq_warmup_start=0)
+
+
+def test_first_tokens_needs_per_token_targets() -> None:
+    from handformer.data import Batch
+
+    lm = Batch(torch.arange(12).view(2, 6), torch.arange(12).view(2, 6),
+               torch.ones(2, 6, dtype=torch.bool))
+    short = lm.first_tokens(4)
+    assert short.ids.shape == short.targets.shape == short.padding_mask.shape == (2, 4)
+    with pytest.raises(ValueError, match="per-token targets"):
+        Batch(torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, dtype=torch.long)) \
+            .first_tokens(4)

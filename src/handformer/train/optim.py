@@ -23,7 +23,7 @@ from torch import nn
 from handformer.config import TrainConfig
 
 __all__ = ["SplitOptimizer", "build_optimizer", "is_hidden_matrix", "lr_at", "lr_scale",
-           "param_groups", "parameter_split", "set_lr"]
+           "param_groups", "parameter_split", "set_lr", "window_at"]
 
 
 def _unique_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -204,3 +204,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if cfg.schedule == "linear":
         return cfg.lr - (cfg.lr - cfg.min_lr) * progress
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def window_at(step: int, cfg: TrainConfig) -> int:
+    """Training window length at 0-based ``step``: ``seq_warmup_start`` at step 0, growing
+    linearly to ``block_size`` at ``seq_warmup_steps`` (rounded down to a multiple of 8
+    while growing, so few distinct shapes appear); ``block_size`` when the warm-up is off."""
+    if step >= cfg.seq_warmup_steps:
+        return cfg.block_size
+    grown = cfg.seq_warmup_start + (cfg.block_size - cfg.seq_warmup_start) * step \
+        / cfg.seq_warmup_steps
+    return max(cfg.seq_warmup_start, min(cfg.block_size, int(grown) // 8 * 8))

@@ -46,7 +46,7 @@ from handformer.train.distributed import (
     rank_device,
     shard_rows,
 )
-from handformer.train.optim import build_optimizer, parameter_split, set_lr
+from handformer.train.optim import build_optimizer, parameter_split, set_lr, window_at
 from handformer.train.precision import resolve_precision
 from handformer.train.rng import capture_rng, restore_rng
 from handformer.train.state import (
@@ -350,6 +350,9 @@ class Trainer:
         # Every rank draws the global batch from the shared generator and keeps its rows; the
         # global token count is read on the CPU, before the batches move to the device.
         drawn = [self.train_batch(self.generator) for _ in range(cfg.grad_accum_steps)]
+        window = window_at(self.step, cfg)
+        if window < cfg.block_size:  # sequence-length warm-up: the windows' first tokens
+            drawn = [b.first_tokens(window) for b in drawn]
         global_tokens = sum(b.num_tokens for b in drawn)
         micro = [shard_rows(b, self.dist).to(self.device) for b in drawn]
         self.optimizer.zero_grad(set_to_none=True)
