@@ -4,6 +4,7 @@ checkpoint, the split in the run folder, the refusal under FSDP, and the WSD sch
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def test_wsd_holds_the_rate_then_decays_linearly_over_the_last_fraction() -> Non
     assert lr_at(110, cfg) == pytest.approx(1e-4)
     assert lr_at(500, cfg) == pytest.approx(1e-4)
     lrs = [lr_at(s, cfg) for s in range(10, 111)]
-    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))  # never rises after warm-up
+    assert all(a >= b for a, b in itertools.pairwise(lrs))  # never rises after warm-up
 
 
 def test_sequence_warmup_grows_the_window_and_resumes_exactly(tmp_path: Path) -> None:
