@@ -70,3 +70,31 @@ def test_fast_preset_fits_the_budget() -> None:
     model_cfg, train_cfg = build_configs("shakespeare-fast", 65)
     assert DecoderLM(model_cfg).num_parameters() <= 1_000_000
     assert train_cfg.block_size <= model_cfg.max_len
+
+
+def test_eval_from_skips_early_evaluations_and_flags_a_target_met_at_the_first() -> None:
+    text = "to be or not to be, that is the question. " * 200
+    tiny = dict(d_model=16, n_heads=2, n_layers=1)
+    recipes = [Recipe("a", "shakespeare-char", tiny, dict(max_steps=40, batch_size=4),
+                      eval_from=20),
+               Recipe("b", "shakespeare-char", tiny, dict(max_steps=40, batch_size=4))]
+    late, plain = race(text, recipes, target=10.0, eval_every=10, eval_windows=8,
+                       eval_block=16, verbose=False)
+    assert [p["step"] for p in late["curve"]] == [0, 20]
+    assert late["reached"]["step"] == 20 and late["reached_at_first_eval"]
+    assert plain["reached"]["step"] == 10 and not plain["reached_at_first_eval"]
+
+
+def test_ablation_ladder_keeps_the_kept_levers_and_runs_the_final_per_seed() -> None:
+    from handformer.bench.time_to_loss import Lever, ladder_recipes
+
+    ladder = [Lever("a", model=dict(qk_norm=True)),
+              Lever("b", model=dict(activation="relu2"), kept=False),
+              Lever("c", train=dict(max_steps=300))]
+    rows = ladder_recipes(ladder, "shakespeare-fast", seeds=(1, 2))
+    assert [r.model for r in rows] == [{"qk_norm": True},
+                                       {"qk_norm": True, "activation": "relu2"},
+                                       {"qk_norm": True}, {"qk_norm": True},
+                                       {"qk_norm": True}]
+    assert rows[2].train == {"max_steps": 300}
+    assert [r.train.get("seed") for r in rows[3:]] == [1, 2]

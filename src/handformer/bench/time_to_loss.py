@@ -69,10 +69,15 @@ QUICK_TARGET = 4.4
 
 @dataclass
 class Recipe:
+    """A preset with overrides. ``eval_from`` skips the evaluations before that step (they
+    cost time on a busy machine and cannot be the first one at the target when the loss at
+    ``eval_from`` is still above it — the summary flags a recipe for which it was not)."""
+
     label: str
     preset: str
     model: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
+    eval_from: int = 0
 
 
 @dataclass(frozen=True)
@@ -187,6 +192,10 @@ class _Runner:
                                          else self.reached["step"] * paired / 1000.0),
             "steps_run": self.trainer.step,
             "reached": self.reached,
+            "eval_from": self.recipe.eval_from,
+            # Reached at the first evaluation after the skipped ones: it may have been earlier.
+            "reached_at_first_eval": (self.reached is not None and self.recipe.eval_from > 0
+                                      and self.reached is self.curve[1]),
             "best_val_loss": min((p["val_loss"] for p in self.curve), default=math.nan),
             "curve": self.curve,
         }
@@ -217,7 +226,8 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
                 continue
             r.advance(chunk, paired)
             step = r.trainer.step
-            if step % eval_every and step < r.train_cfg.max_steps:
+            if (step % eval_every or step < r.recipe.eval_from) \
+                    and step < r.train_cfg.max_steps:
                 continue
             r.evaluate(val, target)
             if verbose:
@@ -275,6 +285,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="seeds of the final recipe with --ablation (default 1337,1,2)")
     parser.add_argument("--reference-max-steps", type=int, default=3000,
                         help="the reference's step budget (its cosine schedule spans it)")
+    parser.add_argument("--eval-from", type=int, default=0, metavar="STEP",
+                        help="contenders: no evaluation before STEP (default 0)")
+    parser.add_argument("--reference-eval-from", type=int, default=0, metavar="STEP",
+                        help="the reference: no evaluation before STEP (default 0)")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--chunk", type=int, default=25,
                         help="steps of one recipe before the other's turn (divides --eval-every)")
@@ -305,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ablation and args.quick:  # the same shrinking as the plain quick race
         for r in contenders:
             r.model, r.train = {**r.model, **model_o}, {**r.train, **fast_train}
-    recipes = [Recipe("reference", args.reference, dict(model_o), ref_train), *contenders]
+    for r in contenders:
+        r.eval_from = args.eval_from
+    recipes = [Recipe("reference", args.reference, dict(model_o), ref_train,
+                      eval_from=args.reference_eval_from), *contenders]
     eval_block = get_preset(args.reference).train.get("block_size", 64)
     threads = torch.get_num_threads()
     source = "built-in text" if args.data is None else str(args.data)
@@ -368,7 +385,8 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
     print("-" * len(header))
     for r in rows:
         hit = r["reached"]
-        steps = f"{hit['step']:>6}" if hit else f"{'—':>6}"
+        early = "≤" if r["reached_at_first_eval"] else ""
+        steps = f"{early}{hit['step']}".rjust(6) if hit else f"{'—':>6}"
         secs = f"{hit['train_seconds']:>8.1f}" if hit else f"{'not hit':>8}"
         est = r["paired_seconds_to_target"]
         est_s = f"{est:>8.1f}" if est is not None else f"{'—':>8}"
