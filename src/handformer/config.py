@@ -333,7 +333,8 @@ class TrainConfig(_DictMixin):
         if self.optimizer == "muon" and self.strategy == "fsdp":
             raise ValueError("optimizer='muon' cannot train under strategy='fsdp': Muon "
                              "orthogonalises each whole weight matrix, and FSDP gives every "
-                             "rank only a shard of it; use strategy='ddp' or optimizer='adamw'")
+                             "rank only a shard of it; use strategy='ddp', or optimizer='adamw' "
+                             "(--optimizer adamw)")
 
     @property
     def effective_checkpoint_interval(self) -> int:
