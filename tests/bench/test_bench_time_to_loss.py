@@ -64,10 +64,11 @@ def test_race_stops_each_recipe_at_the_target() -> None:
         assert row["reached"]["step"] == 10 and row["steps_run"] == 10
 
 
-def test_fast_preset_fits_the_budget() -> None:
+@pytest.mark.parametrize("preset", ["shakespeare-fast", "speedrun"])
+def test_fast_preset_fits_the_budget(preset: str) -> None:
     """The issue's rule for the fast recipe: at most 1 M parameters (tinyshakespeare has 65
     characters)."""
-    model_cfg, train_cfg = build_configs("shakespeare-fast", 65)
+    model_cfg, train_cfg = build_configs(preset, 65)
     assert DecoderLM(model_cfg).num_parameters() <= 1_000_000
     assert train_cfg.block_size <= model_cfg.max_len
 
