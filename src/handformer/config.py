@@ -327,7 +327,8 @@ class TrainConfig(_DictMixin):
         if not 0.0 < self.decay_fraction <= 1.0:
             raise ValueError(f"TrainConfig.decay_fraction must be in (0, 1]; got "
                              f"{self.decay_fraction}")
-        if not 0 < self.seq_warmup_start <= self.block_size:
+        if self.seq_warmup_start <= 0 or (self.seq_warmup_steps > 0
+                                          and self.seq_warmup_start > self.block_size):
             raise ValueError(f"TrainConfig.seq_warmup_start must be in [1, block_size="
                              f"{self.block_size}]; got {self.seq_warmup_start}")
         if self.optimizer == "muon" and self.strategy == "fsdp":
