@@ -445,13 +445,13 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "default": Preset(
         description="character LM on the built-in text; 4 layers, d_model 128, window 64, "
-        "RoPE, QK-norm, Muon for the blocks' matrices; about 1 minute on 2 CPU cores "
-        "(val ≈ 1.22 nats/char)",
+        "RoPE, QK-norm, Muon for the blocks' matrices, 800 steps; about a minute on 2 CPU "
+        "cores (val ≈ 1.25 nats/char)",
         model=dict(d_model=128, n_heads=4, n_layers=4, max_len=64, dropout=0.0,
                    positional="rope", norm="pre", attention="sdpa", activation="gelu",
                    qk_norm=True),
-        train=dict(batch_size=12, block_size=64, max_steps=1200, lr=3e-3, min_lr=1e-4,
-                   warmup_steps=100, eval_interval=250, eval_batches=20, optimizer="muon",
+        train=dict(batch_size=12, block_size=64, max_steps=800, lr=3e-3, min_lr=1e-4,
+                   warmup_steps=100, eval_interval=200, eval_batches=20, optimizer="muon",
                    muon_lr=0.02),
     ),
     "default-adamw": Preset(
