@@ -243,9 +243,10 @@ class TrainConfig(_DictMixin):
 
     ``optimizer="muon"`` trains the hidden 2-D weight matrices (those inside the blocks) with
     ``torch.optim.Muon`` at ``muon_lr`` (momentum ``muon_momentum``, ``adjust_lr_fn`` =
-    ``muon_lr_adjust``) and everything else — embeddings, head, gains, biases — with AdamW at
-    ``lr``; both follow the one schedule. Muon is refused under ``strategy="fsdp"`` (its
-    Newton–Schulz step needs each whole matrix; FSDP gives a rank a shard).
+    ``muon_lr_adjust``, ``muon_ns_steps`` Newton–Schulz iterations) and everything else —
+    embeddings, head, gains, biases — with AdamW at ``lr``; both follow the one schedule.
+    Muon is refused under ``strategy="fsdp"`` (its Newton–Schulz step needs each whole
+    matrix; FSDP gives a rank a shard).
     ``embed_lr`` (> 0) gives the token embedding (and a tied head) its own AdamW rate.
     ``seq_warmup_steps`` (> 0) trains on the first ``seq_warmup_start`` tokens of each window
     at step 0, growing linearly to ``block_size`` at that step (language models only).
@@ -282,6 +283,7 @@ class TrainConfig(_DictMixin):
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
     muon_lr_adjust: str = "match_rms_adamw"
+    muon_ns_steps: int = 5
     decay_fraction: float = 0.2
     embed_lr: float = 0.0
     seq_warmup_steps: int = 0
@@ -321,6 +323,9 @@ class TrainConfig(_DictMixin):
         if self.muon_lr <= 0 or self.embed_lr < 0:
             raise ValueError(f"TrainConfig needs muon_lr > 0 and embed_lr >= 0 (0 = lr); got "
                              f"muon_lr={self.muon_lr}, embed_lr={self.embed_lr}")
+        if not 1 <= self.muon_ns_steps <= 20:
+            raise ValueError(f"TrainConfig.muon_ns_steps must be in [1, 20]; got "
+                             f"{self.muon_ns_steps}")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise ValueError(f"TrainConfig.muon_momentum must be in [0, 1); got "
                              f"{self.muon_momentum}")

@@ -188,3 +188,15 @@ def test_first_tokens_needs_per_token_targets() -> None:
     with pytest.raises(ValueError, match="per-token targets"):
         Batch(torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, dtype=torch.long)) \
             .first_tokens(4)
+
+
+def test_muon_settings_reach_torchs_optimizer() -> None:
+    cfg = train_config(**MUON, muon_ns_steps=3, muon_momentum=0.9,
+                       muon_lr_adjust="original")
+    opt = build_optimizer(DecoderLM(model_config()), cfg)
+    assert isinstance(opt, SplitOptimizer)
+    group = opt.optimizers[1].param_groups[0]
+    assert (group["ns_steps"], group["momentum"], group["adjust_lr_fn"], group["lr"]) == \
+        (3, 0.9, "original", 0.02)
+    with pytest.raises(ValueError, match="muon_ns_steps"):
+        TrainConfig(muon_ns_steps=0)

@@ -164,7 +164,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer
                          "inside 'blocks') in this model; use optimizer='adamw'")
     muon_opt = torch.optim.Muon(hidden, lr=cfg.muon_lr, weight_decay=cfg.weight_decay,
                                 momentum=cfg.muon_momentum, nesterov=True,
-                                adjust_lr_fn=cfg.muon_lr_adjust)
+                                ns_steps=cfg.muon_ns_steps, adjust_lr_fn=cfg.muon_lr_adjust)
     for g in muon_opt.param_groups:
         g["base_lr"] = cfg.muon_lr
     return SplitOptimizer([adamw, muon_opt])
