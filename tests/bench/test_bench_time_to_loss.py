@@ -99,3 +99,19 @@ def test_ablation_ladder_keeps_the_kept_levers_and_runs_the_final_per_seed() -> 
                                        {"qk_norm": True}]
     assert rows[2].train == {"max_steps": 300}
     assert [r.train.get("seed") for r in rows[3:]] == [1, 2]
+
+
+def test_bench_quick_ablation_races_every_rung_against_one_reference(tmp_path: Path) -> None:
+    from handformer.bench.time_to_loss import LADDER
+
+    assert main(["bench", "--quick", "--ablation", "--only", "time_to_loss", "--out-dir",
+                 str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "time_to_loss.json").read_text())
+    labels = [r["label"] for r in data["rows"]]
+    assert labels[0] == "reference" and len(labels) == 1 + len(LADDER) + 3
+    assert labels[-3:] == ["final, seed 1337", "final, seed 1", "final, seed 2"]
+    for row in data["rows"][1:]:
+        assert row["command"].startswith("python benchmarks/time_to_loss.py")
+        assert row["ratio"] == pytest.approx(row["reached"]["train_seconds"]
+                                             / data["rows"][0]["reached"]["train_seconds"])
+    assert data["final_seeds"]["n"] == 3
