@@ -64,9 +64,54 @@ def test_race_stops_each_recipe_at_the_target() -> None:
         assert row["reached"]["step"] == 10 and row["steps_run"] == 10
 
 
-def test_fast_preset_fits_the_budget() -> None:
+@pytest.mark.parametrize("preset", ["shakespeare-fast", "speedrun"])
+def test_fast_preset_fits_the_budget(preset: str) -> None:
     """The issue's rule for the fast recipe: at most 1 M parameters (tinyshakespeare has 65
     characters)."""
-    model_cfg, train_cfg = build_configs("shakespeare-fast", 65)
+    model_cfg, train_cfg = build_configs(preset, 65)
     assert DecoderLM(model_cfg).num_parameters() <= 1_000_000
     assert train_cfg.block_size <= model_cfg.max_len
+
+
+def test_eval_from_skips_early_evaluations_and_flags_a_target_met_at_the_first() -> None:
+    text = "to be or not to be, that is the question. " * 200
+    tiny = dict(d_model=16, n_heads=2, n_layers=1)
+    recipes = [Recipe("a", "shakespeare-char", tiny, dict(max_steps=40, batch_size=4),
+                      eval_from=20),
+               Recipe("b", "shakespeare-char", tiny, dict(max_steps=40, batch_size=4))]
+    late, plain = race(text, recipes, target=10.0, eval_every=10, eval_windows=8,
+                       eval_block=16, verbose=False)
+    assert [p["step"] for p in late["curve"]] == [0, 20]
+    assert late["reached"]["step"] == 20 and late["reached_at_first_eval"]
+    assert plain["reached"]["step"] == 10 and not plain["reached_at_first_eval"]
+
+
+def test_ablation_ladder_keeps_the_kept_levers_and_runs_the_final_per_seed() -> None:
+    from handformer.bench.time_to_loss import Lever, ladder_recipes
+
+    ladder = [Lever("a", model=dict(qk_norm=True)),
+              Lever("b", model=dict(activation="relu2"), kept=False),
+              Lever("c", train=dict(max_steps=300))]
+    rows = ladder_recipes(ladder, "shakespeare-fast", seeds=(1, 2))
+    assert [r.model for r in rows] == [{"qk_norm": True},
+                                       {"qk_norm": True, "activation": "relu2"},
+                                       {"qk_norm": True}, {"qk_norm": True},
+                                       {"qk_norm": True}]
+    assert rows[2].train == {"max_steps": 300}
+    assert [r.train.get("seed") for r in rows[3:]] == [1, 2]
+
+
+def test_bench_quick_ablation_races_every_rung_against_one_reference(tmp_path: Path) -> None:
+    from handformer.bench.time_to_loss import LADDER
+
+    assert main(["bench", "--quick", "--ablation", "--only", "time_to_loss", "--out-dir",
+                 str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "time_to_loss.json").read_text())
+    labels = [r["label"] for r in data["rows"]]
+    assert labels[0] == "reference" and len(labels) == 1 + len(LADDER) + 3
+    assert labels[-3:] == ["final, seed 1337", "final, seed 1", "final, seed 2"]
+    for row in data["rows"][1:]:
+        assert row["command"].startswith("python benchmarks/time_to_loss.py")
+        assert row["ratio"] == pytest.approx(row["reached"]["train_seconds"]
+                                             / data["rows"][0]["reached"]["train_seconds"])
+    assert data["final_seeds"]["n"] == 3

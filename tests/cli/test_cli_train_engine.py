@@ -50,6 +50,20 @@ def test_bf16_accumulated_run_writes_checkpoints_curve_and_summary(
     assert capsys.readouterr().out.startswith("the")
 
 
+def test_muon_run_records_the_parameter_split_and_resumes(
+        corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "muon"
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "8",
+                 "--eval-interval", "4", "--optimizer", "muon", "--no-plot"]) == 0, \
+        capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["train"]["optimizer"] == "muon"
+    split = json.loads((out / "summary.json").read_text())["optimizer_split"]
+    assert "blocks.0.self_attn.in_proj.weight" in split["muon"]
+    assert "embed.token.weight" in split["adamw"] and "final_norm.weight" in split["adamw"]
+    assert main(["train", "--resume", str(out), "--max-steps", "12", "--no-progress"]) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 12
+
+
 def test_diverging_run_stops_with_exit_code_3(corpus: Path, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "run"

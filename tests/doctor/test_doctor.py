@@ -63,7 +63,10 @@ def not_passing(report: Report) -> dict[str, str]:
     dict(attention="sdpa", positional="sinusoidal", norm="post"),
     dict(attention="sdpa", positional="rope", n_kv_heads=2),
     dict(attention="manual", positional="alibi"),
-], ids=["manual-learned", "sdpa-sinusoidal-post", "sdpa-rope-gqa", "manual-alibi"])
+    dict(attention="sdpa", positional="rope", qk_norm=True, norm_type="rmsnorm",
+         activation="swiglu", logit_softcap=30.0),
+], ids=["manual-learned", "sdpa-sinusoidal-post", "sdpa-rope-gqa", "manual-alibi",
+        "speedrun-levers"])
 def test_healthy_model_passes_every_check(overrides: dict[str, object]) -> None:
     report = run(tiny_model(**overrides), tiny_windows(), loss_fn=nan_safe_lm_loss, lr=LR)
     allowed_skip = {"padding mask in the data"}  # fixed-length windows carry no padding

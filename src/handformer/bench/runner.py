@@ -39,9 +39,10 @@ def is_bench_json(path: Path) -> bool:
 
 
 def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool,
-                   data: Path | None = None) -> dict[str, Any]:
+                   data: Path | None = None, ablation: bool = False) -> dict[str, Any]:
     """Run ``names`` one after another, each writing its JSON into ``out_dir`` (which the
-    caller has claimed as ``BENCH_FOLDER``); return their results merged."""
+    caller has claimed as ``BENCH_FOLDER``); return their results merged. ``ablation``
+    makes time_to_loss race the speedrun ladder (its ``--ablation``)."""
     import importlib
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,6 +53,8 @@ def run_benchmarks(names: tuple[str, ...], out_dir: Path, quick: bool,
         argv = ["--out", str(path)] + (["--quick"] if quick else [])
         if data is not None and name in _TAKES_DATA:
             argv += ["--data", str(data)]
+        if ablation and name == "time_to_loss":
+            argv += ["--ablation"]
         print(f"\n=== {name} ===", flush=True)
         code = module.main(argv)
         if code:

@@ -19,8 +19,16 @@ steps to the target × the recipe's median step time over the rounds in which bo
 still training (the same conditions for both).
 
     python benchmarks/time_to_loss.py --data tinyshakespeare.txt          # 1.88, the two presets
+    python benchmarks/time_to_loss.py --data tinyshakespeare.txt --ablation   # the speedrun log
     python benchmarks/time_to_loss.py --quick                             # tiny; CI runs this
     handformer bench --only time_to_loss                                  # same, through the runner
+
+``--ablation`` races the reference against a *ladder*: starting from ``shakespeare-fast``, one
+lever is added per row (``LADDER``); a lever marked kept stays in every row below it, one
+marked dropped is measured and then left out. The last rung (the final recipe) runs once per
+``--seeds``. Every row trains in the same race, alternating chunk by chunk with all the
+others and with the one reference run, so each ratio is against that reference; each row
+also prints the command that races it alone against the reference.
 
 Without ``--data`` the built-in text (Python's documentation) is used.
 """
@@ -47,7 +55,7 @@ from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from handformer.train.trainer import Trainer
 
-__all__ = ["Recipe", "evaluate", "main", "race"]
+__all__ = ["LADDER", "Lever", "Recipe", "evaluate", "ladder_recipes", "main", "race"]
 
 REFERENCE, FAST = "shakespeare-char", "shakespeare-fast"
 # The quick (CI) mode shrinks both recipes to a few seconds; it checks that the code runs,
@@ -61,10 +69,65 @@ QUICK_TARGET = 4.4
 
 @dataclass
 class Recipe:
+    """A preset with overrides. ``eval_from`` skips the evaluations before that step (they
+    cost time on a busy machine and cannot be the first one at the target when the loss at
+    ``eval_from`` is still above it — the summary flags a recipe for which it was not)."""
+
     label: str
     preset: str
     model: dict[str, Any] = field(default_factory=dict)
     train: dict[str, Any] = field(default_factory=dict)
+    eval_from: int = 0
+
+
+@dataclass(frozen=True)
+class Lever:
+    """One rung of the ablation ladder: overrides on top of the rungs kept above it."""
+
+    label: str
+    model: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] = field(default_factory=dict)
+    kept: bool = True
+
+
+# The speedrun log's ladder, from shakespeare-fast. Kept/dropped follows probes run before the
+# race (2026-11-30, see README); the race re-measures every rung against one reference run.
+LADDER: tuple[Lever, ...] = (
+    Lever("Muon 0.02 (match_rms_adamw) on the blocks' matrices, AdamW 3e-3 elsewhere, 400 steps",
+          train=dict(optimizer="muon", muon_lr=0.02, max_steps=400)),
+    Lever("+ QK-norm", model=dict(qk_norm=True)),
+    Lever("+ cosine over 300 steps instead of 400", train=dict(max_steps=300)),
+    Lever("+ zero-initialised output projections", model=dict(zero_init_out=True), kept=False),
+    Lever("+ RMSNorm instead of LayerNorm", model=dict(norm_type="rmsnorm"), kept=False),
+    Lever("+ untied head", model=dict(tie_weights=False), kept=False),
+    Lever("+ ReLU²", model=dict(activation="relu2"), kept=False),
+    Lever("+ SwiGLU (d_ff 424)", model=dict(activation="swiglu"), kept=False),
+    Lever("+ logit soft-cap 15", model=dict(logit_softcap=15.0), kept=False),
+    Lever("+ warm-up–stable–decay (last 50 %)", train=dict(schedule="wsd", decay_fraction=0.5),
+          kept=False),
+    Lever("+ sequence warm-up 16→64 over 100 steps", train=dict(seq_warmup_steps=100),
+          kept=False),
+    Lever("+ batch 8 (500 steps)", train=dict(batch_size=8, max_steps=500), kept=False),
+    Lever("+ AdamW lr 6e-3", train=dict(lr=6e-3), kept=False),
+)
+
+
+def ladder_recipes(ladder: tuple[Lever, ...] | list[Lever], base: str = FAST,
+                   seeds: tuple[int, ...] = ()) -> list[Recipe]:
+    """One recipe per rung (its overrides on top of every kept rung above it), then the final
+    recipe (every kept rung) once per seed in ``seeds``."""
+    model: dict[str, Any] = {}
+    train: dict[str, Any] = {}
+    recipes = []
+    for i, lever in enumerate(ladder, 1):
+        recipes.append(Recipe(f"L{i} {lever.label}", base, {**model, **lever.model},
+                              {**train, **lever.train}))
+        if lever.kept:
+            model, train = {**model, **lever.model}, {**train, **lever.train}
+    for seed in seeds:
+        recipes.append(Recipe(f"final, seed {seed}", base, dict(model),
+                              {**train, "seed": seed}))
+    return recipes
 
 
 @torch.no_grad()
@@ -136,6 +199,10 @@ class _Runner:
                                          else self.reached["step"] * paired / 1000.0),
             "steps_run": self.trainer.step,
             "reached": self.reached,
+            "eval_from": self.recipe.eval_from,
+            # Reached at the first evaluation after the skipped ones: it may have been earlier.
+            "reached_at_first_eval": (self.reached is not None and self.recipe.eval_from > 0
+                                      and self.reached is self.curve[1]),
             "best_val_loss": min((p["val_loss"] for p in self.curve), default=math.nan),
             "curve": self.curve,
         }
@@ -166,7 +233,8 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
                 continue
             r.advance(chunk, paired)
             step = r.trainer.step
-            if step % eval_every and step < r.train_cfg.max_steps:
+            if (step % eval_every or step < r.recipe.eval_from) \
+                    and step < r.train_cfg.max_steps:
                 continue
             r.evaluate(val, target)
             if verbose:
@@ -174,6 +242,34 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
                 print(f"  {r.recipe.label:<18} step {p['step']:>5}  train {p['train_seconds']:7.1f}"
                       f" s  val {p['val_loss']:.4f}", flush=True)
     return [r.summary() for r in runners]
+
+
+def _json_arg(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object; got {text!r}")
+    return value
+
+
+def _seeds_arg(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seeds like 1,2,3; got {text!r}") from None
+
+
+def _command(data: str, threads: int, recipe: Recipe, target: float) -> str:
+    """The command that races this recipe alone against the reference."""
+    parts = ["python benchmarks/time_to_loss.py", f"--data {data}", f"--threads {threads}",
+             f"--target {target}", f"--fast {recipe.preset}"]
+    if recipe.model:
+        parts.append(f"--fast-model '{json.dumps(recipe.model, sort_keys=True)}'")
+    if recipe.train:
+        parts.append(f"--fast-train '{json.dumps(recipe.train, sort_keys=True)}'")
+    return " ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,8 +280,22 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"validation loss to reach (default 1.88; --quick: {QUICK_TARGET})")
     parser.add_argument("--reference", default=REFERENCE, help="reference preset")
     parser.add_argument("--fast", default=FAST, help="contender preset")
+    parser.add_argument("--fast-model", type=_json_arg, default={}, metavar="JSON",
+                        help="ModelConfig overrides for the contender, e.g. '{\"qk_norm\": true}'")
+    parser.add_argument("--fast-train", type=_json_arg, default={}, metavar="JSON",
+                        help="TrainConfig overrides for the contender, e.g. "
+                             "'{\"optimizer\": \"muon\"}'")
+    parser.add_argument("--ablation", action="store_true",
+                        help="race the reference against every rung of LADDER (from --fast) "
+                             "and the final recipe once per --seeds")
+    parser.add_argument("--seeds", type=_seeds_arg, default=(1337, 1, 2),
+                        help="seeds of the final recipe with --ablation (default 1337,1,2)")
     parser.add_argument("--reference-max-steps", type=int, default=3000,
                         help="the reference's step budget (its cosine schedule spans it)")
+    parser.add_argument("--eval-from", type=int, default=0, metavar="STEP",
+                        help="contenders: no evaluation before STEP (default 0)")
+    parser.add_argument("--reference-eval-from", type=int, default=0, metavar="STEP",
+                        help="the reference: no evaluation before STEP (default 0)")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--chunk", type=int, default=25,
                         help="steps of one recipe before the other's turn (divides --eval-every)")
@@ -210,8 +320,16 @@ def main(argv: list[str] | None = None) -> int:
         model_o, ref_train, fast_train = dict(QUICK_MODEL), dict(QUICK_TRAIN), dict(QUICK_TRAIN)
         eval_windows, eval_every = 48, 10
         args.chunk = 5
-    recipes = [Recipe("reference", args.reference, dict(model_o), ref_train),
-               Recipe("fast", args.fast, dict(model_o), fast_train)]
+    contenders = ([Recipe("fast", args.fast, {**model_o, **args.fast_model},
+                          {**fast_train, **args.fast_train})] if not args.ablation else
+                  ladder_recipes(LADDER, args.fast, args.seeds))
+    if args.ablation and args.quick:  # the same shrinking as the plain quick race
+        for r in contenders:
+            r.model, r.train = {**r.model, **model_o}, {**r.train, **fast_train}
+    for r in contenders:
+        r.eval_from = args.eval_from
+    recipes = [Recipe("reference", args.reference, dict(model_o), ref_train,
+                      eval_from=args.reference_eval_from), *contenders]
     eval_block = get_preset(args.reference).train.get("block_size", 64)
     threads = torch.get_num_threads()
     source = "built-in text" if args.data is None else str(args.data)
@@ -222,38 +340,69 @@ def main(argv: list[str] | None = None) -> int:
     rows = race(text, recipes, target=target, eval_every=eval_every, chunk=args.chunk,
                 eval_windows=eval_windows, eval_block=eval_block)
     wall = time.perf_counter() - t0
-    header = (f"{'recipe':<10} {'preset':<18} {'params':>8} {'tok/step':>8} {'ms/step':>8} "
-              f"{'paired ms':>9} {'steps':>6} {'train s':>8} {'paired s':>8} {'best val':>8}")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        hit = r["reached"]
-        steps = f"{hit['step']:>6}" if hit else f"{'—':>6}"
-        secs = f"{hit['train_seconds']:>8.1f}" if hit else f"{'not hit':>8}"
-        est = r["paired_seconds_to_target"]
-        est_s = f"{est:>8.1f}" if est is not None else f"{'—':>8}"
-        print(f"{r['label']:<10} {r['preset']:<18} {r['parameters']:>8,} "
-              f"{r['tokens_per_step']:>8} {r['median_step_ms']:>8.1f} "
-              f"{r['paired_median_step_ms']:>9.1f} {steps} {secs} {est_s} "
-              f"{r['best_val_loss']:>8.4f}")
-    ref, fast = rows
-    ratio = paired_ratio = None
-    if ref["reached"] and fast["reached"]:
-        ratio = fast["reached"]["train_seconds"] / ref["reached"]["train_seconds"]
-        paired_ratio = fast["paired_seconds_to_target"] / ref["paired_seconds_to_target"]
-        print(f"fast / reference training time to {target}: {ratio:.2f} on the clock, "
-              f"{paired_ratio:.2f} as the paired estimate")
+    ref = rows[0]
+    for row, recipe in zip(rows[1:], contenders, strict=True):
+        row["command"] = _command(args.data or "<built-in>", threads, recipe, target)
+        both = ref["reached"] and row["reached"]
+        row["ratio"] = (row["reached"]["train_seconds"] / ref["reached"]["train_seconds"]
+                        if both else None)
+        row["paired_ratio"] = (row["paired_seconds_to_target"] / ref["paired_seconds_to_target"]
+                               if both else None)
+    _print_table(rows)
+    ratio, paired_ratio = rows[1]["ratio"], rows[1]["paired_ratio"]
+    if ratio is not None:
+        print(f"{rows[1]['label']} / reference training time to {target}: {ratio:.2f} on the "
+              f"clock, {paired_ratio:.2f} as the paired estimate")
     else:
         print(f"a recipe did not reach {target}: no ratio")
+    seeds = _seed_summary(rows) if args.ablation else None
+    if seeds:
+        print(f"final recipe over {seeds['n']} seeds: paired ratio mean {seeds['paired_mean']:.3f}"
+              f" (min {seeds['paired_min']:.3f}, max {seeds['paired_max']:.3f}); clock mean "
+              f"{seeds['clock_mean']:.3f} (min {seeds['clock_min']:.3f}, max "
+              f"{seeds['clock_max']:.3f})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "target": target, "data": source, "characters": len(text), "threads": threads,
         "eval_every": eval_every, "eval_windows": eval_windows, "eval_block": eval_block,
-        "quick": args.quick, "ratio": ratio,
+        "quick": args.quick, "ratio": ratio, "ablation": args.ablation, "final_seeds": seeds,
         "paired_ratio": paired_ratio, "chunk": args.chunk, "wall_seconds": wall,
         "rows": rows}, indent=2))
     print(f"\nwrote {args.out}")
     return 0
+
+
+def _seed_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Mean and spread of the final recipe's ratios over its seeds (None if one missed)."""
+    finals = [r for r in rows if r["label"].startswith("final, seed")]
+    if not finals or any(r["ratio"] is None for r in finals):
+        return None
+    clock = [r["ratio"] for r in finals]
+    paired = [r["paired_ratio"] for r in finals]
+    return {"n": len(finals), "clock_mean": statistics.mean(clock), "clock_min": min(clock),
+            "clock_max": max(clock), "paired_mean": statistics.mean(paired),
+            "paired_min": min(paired), "paired_max": max(paired),
+            "steps": [r["reached"]["step"] for r in finals]}
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    header = (f"{'recipe':<44} {'params':>8} {'ms/step':>8} {'paired ms':>9} {'steps':>6} "
+              f"{'train s':>8} {'paired s':>8} {'ratio':>6} {'paired':>6} {'best val':>8}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        hit = r["reached"]
+        early = "≤" if r["reached_at_first_eval"] else ""
+        steps = f"{early}{hit['step']}".rjust(6) if hit else f"{'—':>6}"
+        secs = f"{hit['train_seconds']:>8.1f}" if hit else f"{'not hit':>8}"
+        est = r["paired_seconds_to_target"]
+        est_s = f"{est:>8.1f}" if est is not None else f"{'—':>8}"
+        ratio = r.get("ratio")
+        paired = r.get("paired_ratio")
+        print(f"{r['label'][:44]:<44} {r['parameters']:>8,} {r['median_step_ms']:>8.1f} "
+              f"{r['paired_median_step_ms']:>9.1f} {steps} {secs} {est_s} "
+              f"{'' if ratio is None else f'{ratio:.3f}':>6} "
+              f"{'' if paired is None else f'{paired:.3f}':>6} {r['best_val_loss']:>8.4f}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ def register(sub: Any) -> None:
                             "(default: benchmarks/results)")
     bench.add_argument("--data", type=Path, default=None,
                        help="text for time_to_loss (default: the built-in text)")
+    bench.add_argument("--ablation", action="store_true",
+                       help="time_to_loss races the speedrun ladder: one lever per row against "
+                            "one reference run, the final recipe on three seeds")
     bench.add_argument("--json", type=folder_arg, default=None,
                        help="merged JSON (default: OUT_DIR/bench.json)")
     add_overwrite_option(bench, "--out-dir (and over --json)")
@@ -49,7 +52,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json is not None:  # replaced only if bench wrote it (or --overwrite)
         check_output_file(args.json, "--json", overwrite=args.overwrite, ours=is_bench_json)
     with writing_folder(args.out_dir, BENCH_FOLDER, overwrite=args.overwrite) as out_dir:
-        merged = run_benchmarks(names, out_dir, args.quick, args.data)
+        merged = run_benchmarks(names, out_dir, args.quick, args.data, args.ablation)
         json_path = args.json or out_dir / MERGED
         if args.json is not None:  # again: the benchmarks took a while
             check_output_file(json_path, "--json", overwrite=args.overwrite, ours=is_bench_json)

@@ -26,7 +26,7 @@ __all__ = ["register"]
 
 def register(sub: Any) -> None:
     """Add ``train`` to ``handformer``'s sub-parsers."""
-    from handformer.config import PRECISIONS, PRESETS, STRATEGIES
+    from handformer.config import OPTIMIZERS, PRECISIONS, PRESETS, STRATEGIES
     from handformer.nn.attention import ATTENTION_KINDS
     from handformer.nn.positional import POSITIONAL_KINDS
 
@@ -60,6 +60,9 @@ def register(sub: Any) -> None:
     train.add_argument("--grad-accum", type=positive_int, default=None, metavar="N",
                        help="accumulate N micro-batches per optimizer step")
     train.add_argument("--lr", type=POSITIVE, default=None, help="learning rate (> 0)")
+    train.add_argument("--optimizer", choices=OPTIMIZERS, default=None,
+                       help="adamw, or muon: torch's Muon for the blocks' weight matrices and "
+                            "AdamW (at --lr) for the rest; the split is in summary.json")
     train.add_argument("--seed", type=seed_int, default=None)
     train.add_argument("--dropout", type=DROPOUT, default=None, help="in [0, 1)")
     train.add_argument("--device", type=device_name, default=None,
@@ -105,7 +108,7 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
         "checkpoint_interval": args.checkpoint_interval, "keep_last": args.keep_last,
         "early_stopping_patience": args.patience, "max_nonfinite_steps": args.max_nonfinite,
         "tensorboard": args.tensorboard, "loss_curve": False if args.no_plot else None,
-        "strategy": args.strategy,
+        "strategy": args.strategy, "optimizer": args.optimizer,
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     if args.max_steps is not None and args.eval_interval is None:

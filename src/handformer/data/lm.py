@@ -49,6 +49,16 @@ class Batch:
         moved.carry_token_count(self)
         return moved
 
+    def first_tokens(self, length: int) -> Batch:
+        """The first ``length`` positions of every row (a sequence-length warm-up trains on
+        these). Needs per-token targets (B, T); ``ValueError`` otherwise."""
+        if self.targets.shape != self.ids.shape:
+            raise ValueError(f"first_tokens needs per-token targets (B, T) = "
+                             f"{tuple(self.ids.shape)}; got targets {tuple(self.targets.shape)} "
+                             "(a sequence-length warm-up is for language models)")
+        mask = None if self.padding_mask is None else self.padding_mask[:, :length]
+        return Batch(self.ids[:, :length], self.targets[:, :length], mask)  # (B, length)
+
     def carry_token_count(self, source: Batch) -> None:
         """Take ``source``'s token count when it is free: counted on the CPU (or already
         counted). Reading ``num_tokens`` of a GPU batch would otherwise wait for the GPU."""

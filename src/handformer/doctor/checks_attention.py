@@ -54,6 +54,8 @@ def _raw_scores(r: AttentionRecord) -> tuple[Tensor, Tensor | None]:
     q, k, _ = F.linear(r.x, m.in_proj.weight, m.in_proj.bias).split([c, m.kv_dim, m.kv_dim], -1)
     q = q.view(b, t, m.n_heads, m.head_dim).transpose(1, 2)  # (B, H, T, D)
     k = k.view(b, t, m.n_kv_heads, m.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+    if getattr(m, "q_norm", None) is not None:  # QK-norm: normalised before RoPE, as in forward
+        q, k = m.q_norm(q), m.k_norm(k)
     positions = r.kwargs.get("positions")
     if m.positional != "none" and positions is None:
         positions = torch.arange(t, device=r.x.device)

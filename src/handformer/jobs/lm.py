@@ -253,6 +253,9 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
         "total_seconds": trainer.elapsed_seconds,
         "median_step_ms": result.median_step_ms,
         "parameters": model.num_parameters(),
+        "optimizer": train_cfg.optimizer,
+        # Which parameter went to which optimizer (Muon: the blocks' matrices; AdamW: the rest).
+        "optimizer_split": trainer.parameter_split,
     }
     save_run(out_dir, model, tokenizer, train_cfg,
              extra={"summary": summary, "data": data})

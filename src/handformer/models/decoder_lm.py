@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig
@@ -27,6 +28,7 @@ from handformer.models.embedding import TokenEmbedding, check_ids, positions_fro
 from handformer.models.stack import build_blocks, make_cache
 from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
+from handformer.nn.norm import make_norm
 
 __all__ = ["DecoderLM", "positions_from_padding"]  # the latter re-exported from embedding
 
@@ -73,8 +75,8 @@ class DecoderLM(nn.Module):
         # Pre-norm leaves the residual stream un-normalised, so it needs a final LayerNorm;
         # post-norm blocks already end in one.
         self.final_norm: nn.Module = (
-            nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias) if c.norm == "pre"
-            else nn.Identity()
+            make_norm(c.norm_type, c.d_model, eps=c.layer_norm_eps, bias=c.bias)
+            if c.norm == "pre" else nn.Identity()
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
@@ -84,8 +86,9 @@ class DecoderLM(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation (``handformer.nn.init``)."""
-        init_weights(self, self.config.n_layers)
+        """GPT-2 initialisation (``handformer.nn.init``); zeroed output projections when
+        ``config.zero_init_out``."""
+        init_weights(self, self.config.n_layers, zero_out=self.config.zero_init_out)
 
     def num_parameters(self, *, exclude_positions: bool = False) -> int:
         """Parameter count (a tied head counted once), optionally without the position table."""
@@ -148,4 +151,8 @@ class DecoderLM(nn.Module):
             )  # (B, T, C)
         if cache is not None:
             cache.commit(t)
-        return self.lm_head(self.final_norm(x))  # (B, T, V)
+        logits = self.lm_head(self.final_norm(x))  # (B, T, V)
+        cap = self.config.logit_softcap
+        # Soft-capping squashes each logit smoothly into (-cap, cap); generate samples from
+        # this same forward, so training and decoding see the same capped logits.
+        return logits if cap == 0.0 else cap * torch.tanh(logits / cap)  # (B, T, V)

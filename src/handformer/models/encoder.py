@@ -29,6 +29,7 @@ from handformer.models.budget import check_model_fits
 from handformer.models.embedding import TokenEmbedding, check_ids
 from handformer.models.stack import build_blocks
 from handformer.nn.init import init_weights
+from handformer.nn.norm import make_norm
 from handformer.nn.positional import ADDITIVE_KINDS
 
 __all__ = [
@@ -55,10 +56,11 @@ class Encoder(nn.Module):
         self._in_attention_positions = config.positional not in ADDITIVE_KINDS
         use_norm = config.norm == "pre" if final_norm is None else final_norm
         self.final_norm: nn.Module = (
-            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.bias)
+            make_norm(config.norm_type, config.d_model, eps=config.layer_norm_eps,
+                      bias=config.bias)
             if use_norm else nn.Identity()
         )
-        init_weights(self, config.n_layers)
+        init_weights(self, config.n_layers, zero_out=config.zero_init_out)
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """ids (B, T) long; ``padding_mask`` (B, T) bool, True on real tokens (either side).

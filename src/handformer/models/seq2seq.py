@@ -37,6 +37,7 @@ from handformer.models.encoder import Encoder
 from handformer.models.stack import build_blocks, make_cache
 from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
+from handformer.nn.norm import make_norm
 from handformer.nn.positional import ADDITIVE_KINDS
 
 __all__ = ["Decoder", "EncoderDecoder", "greedy_decode"]
@@ -52,9 +53,9 @@ class Decoder(nn.Module):
         self.embed = TokenEmbedding(config)
         self.blocks = build_blocks(config, cross_attention=True)
         self._in_attention_positions = config.positional not in ADDITIVE_KINDS
-        self.final_norm = nn.LayerNorm(config.d_model, bias=config.bias)
+        self.final_norm = make_norm(config.norm_type, config.d_model, bias=config.bias)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        init_weights(self, config.n_layers)
+        init_weights(self, config.n_layers, zero_out=config.zero_init_out)
         if config.tie_weights:
             self.lm_head.weight = self.embed.token.weight
 

@@ -32,6 +32,8 @@ def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.Mo
             positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
             rope_base=c.rope_base,
             layer_norm_eps=c.layer_norm_eps,
+            norm_type=c.norm_type,
+            qk_norm=c.qk_norm,
         )
         for _ in range(c.n_layers)
     )

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from handformer.masks import causal_mask
 from handformer.nn.kv_cache import KVCache
+from handformer.nn.norm import RMSNorm
 from handformer.nn.positional import RotaryEmbedding, alibi_bias, alibi_slopes
 from handformer.nn.tiled_attention import tiled_attention
 
@@ -263,8 +264,15 @@ class MultiHeadAttention(nn.Module):
     bool, broadcastable to (B, H, T, S), with True = may attend (torch's
     ``nn.MultiheadAttention`` uses the opposite; convert with ``handformer.masks``).
 
+    ``qk_norm=True`` normalises each head's queries and keys (RMSNorm over D, one gain per
+    feature shared by the heads) right after the projection and before RoPE: the scores
+    q·kᵀ stay bounded however large the projections grow, which lets a run use a higher
+    learning rate. A cache then holds normalised (and rotated) keys, so a decoding step
+    matches the full forward.
+
     Defaults: ``n_kv_heads=None`` (= ``n_heads``), ``dropout=0.0``, ``bias=True``,
-    ``attention="manual"``, ``positional="none"`` (or ``"rope"`` / ``"alibi"``). Raises
+    ``attention="manual"``, ``positional="none"`` (or ``"rope"`` / ``"alibi"``),
+    ``qk_norm=False``. Raises
     ``ValueError`` when ``n_heads`` does not divide ``d_model``, ``n_kv_heads`` does not
     divide ``n_heads``, for an unknown kernel or positional kind, and for inputs or masks of
     the wrong shape or dtype.
@@ -281,6 +289,7 @@ class MultiHeadAttention(nn.Module):
         attention: AttentionKind = "manual",
         positional: str = "none",
         rope_base: float = 10000.0,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -312,6 +321,8 @@ class MultiHeadAttention(nn.Module):
         self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = RotaryEmbedding(self.head_dim, rope_base) if positional == "rope" else None
+        self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
         if positional == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
 
@@ -370,6 +381,19 @@ class MultiHeadAttention(nn.Module):
         b, t, c = x.shape
         hkv = self.n_kv_heads
         q, kv = self._project(x, context)  # (B, H, T, D), (B, 2·Hkv, S_new, D) keys first
+        rotate_keys = self.rotary is not None and context is None
+        if self.q_norm is not None:
+            q = self.q_norm(q)  # (B, H, T, D)
+        if self.k_norm is not None or rotate_keys:
+            if positions is None and self.positional != "none":
+                positions = torch.arange(t, device=x.device)  # (T,)
+            # Keys are normalised and rotated once, then cached that way.
+            k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, S_new, D) each
+            if self.k_norm is not None:
+                k = self.k_norm(k)
+            if rotate_keys:
+                k = self.rotary(k, positions)  # type: ignore[misc]
+            kv = torch.cat([k, v], dim=1)  # (B, 2·Hkv, S_new, D)
 
         bias = None
         if self.positional != "none":
@@ -377,9 +401,6 @@ class MultiHeadAttention(nn.Module):
                 positions = torch.arange(t, device=x.device)  # (T,)
             if self.rotary is not None:
                 q = self.rotary(q, positions)
-                if context is None:  # keys are rotated once, then cached rotated
-                    k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, T, D) each
-                    kv = torch.cat([self.rotary(k, positions), v], dim=1)  # (B, 2·Hkv, T, D)
             else:  # ALiBi
                 q_pos = positions if positions.dim() == 2 else positions[None]  # (B|1, T)
                 if key_positions is None:

@@ -16,6 +16,7 @@ from handformer.nn.attention import AttentionKind, MultiHeadAttention
 from handformer.nn.dropout import apply_dropout
 from handformer.nn.feedforward import FeedForward
 from handformer.nn.kv_cache import KVCache
+from handformer.nn.norm import make_norm
 
 __all__ = ["NORM_KINDS", "TransformerBlock"]
 
@@ -28,7 +29,8 @@ class TransformerBlock(nn.Module):
     ``forward(x, *, mask=None, is_causal=False, context=None, context_mask=None, ...)``:
     x (B, T, C) → (B, T, C). Masks are bool with True = may attend. Defaults:
     ``norm="pre"`` (``x + f(LN(x))``; ``"post"`` is ``LN(x + f(x))``), ``activation="gelu"``,
-    ``attention="manual"``, ``dropout=0.0``, no cross-attention. Raises ``ValueError`` for an
+    ``attention="manual"``, ``dropout=0.0``, no cross-attention, ``norm_type="layernorm"``
+    (or ``"rmsnorm"``), ``qk_norm=False`` (see ``MultiHeadAttention``). Raises ``ValueError`` for an
     unknown ``norm`` (and whatever ``MultiHeadAttention`` refuses), and when a block with
     cross-attention is called without ``context``.
     """
@@ -49,6 +51,8 @@ class TransformerBlock(nn.Module):
         n_kv_heads: int | None = None,
         positional: str = "none",
         rope_base: float = 10000.0,
+        norm_type: str = "layernorm",
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         if norm not in NORM_KINDS:
@@ -56,19 +60,20 @@ class TransformerBlock(nn.Module):
         self.norm = norm
         self.self_attn = MultiHeadAttention(
             d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, bias=bias,
-            attention=attention, positional=positional, rope_base=rope_base,
+            attention=attention, positional=positional, rope_base=rope_base, qk_norm=qk_norm,
         )
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm1 = make_norm(norm_type, d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
         self.cross_attn: MultiHeadAttention | None = None
         if cross_attention:
             self.cross_attn = MultiHeadAttention(
-                d_model, n_heads, dropout=dropout, bias=bias, attention=attention
+                d_model, n_heads, dropout=dropout, bias=bias, attention=attention,
+                qk_norm=qk_norm,
             )
-            self.norm_cross = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+            self.norm_cross = make_norm(norm_type, d_model, eps=layer_norm_eps, bias=bias)
             self.dropout_cross = nn.Dropout(dropout)
         self.ffn = FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = make_norm(norm_type, d_model, eps=layer_norm_eps, bias=bias)
         self.dropout2 = nn.Dropout(dropout)
 
     def forward(

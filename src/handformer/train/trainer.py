@@ -46,7 +46,7 @@ from handformer.train.distributed import (
     rank_device,
     shard_rows,
 )
-from handformer.train.optim import build_optimizer, lr_at
+from handformer.train.optim import build_optimizer, parameter_split, set_lr, window_at
 from handformer.train.precision import resolve_precision
 from handformer.train.rng import capture_rng, restore_rng
 from handformer.train.state import (
@@ -192,6 +192,8 @@ class Trainer:
         self.checkpoints = checkpoints
         self.chars_per_token = chars_per_token
         self.optimizer = build_optimizer(self.model, cfg)  # after sharding: FSDP's params
+        # Which parameters each optimizer trains (Muon's hidden matrices, AdamW the rest).
+        self.parameter_split = parameter_split(self.model, cfg)
         # Under FSDP the full optimizer state passes through an optimizer of the unsharded
         # replica, so checkpoints keep the single-process format.
         self.replica_optimizer = (build_optimizer(self.parallel.replica, cfg)
@@ -341,15 +343,16 @@ class Trainer:
 
     def _train_step(self) -> _StepOutcome:
         cfg = self.cfg
-        lr = lr_at(self.step, cfg)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_lr(self.optimizer, self.step, cfg)  # every group: its base lr × schedule
         dropout_seed = self.dist.dropout_seed(cfg.seed, self.step)
         if dropout_seed is not None:  # ranks > 0: their own dropout, a function of the step
             torch.manual_seed(dropout_seed)
         # Every rank draws the global batch from the shared generator and keeps its rows; the
         # global token count is read on the CPU, before the batches move to the device.
         drawn = [self.train_batch(self.generator) for _ in range(cfg.grad_accum_steps)]
+        window = window_at(self.step, cfg)
+        if window < cfg.block_size:  # sequence-length warm-up: the windows' first tokens
+            drawn = [b.first_tokens(window) for b in drawn]
         global_tokens = sum(b.num_tokens for b in drawn)
         micro = [shard_rows(b, self.dist).to(self.device) for b in drawn]
         self.optimizer.zero_grad(set_to_none=True)
