@@ -1,0 +1,265 @@
+"""Weight-only int8: a linear layer that stores its weight in a quarter of fp32's bytes.
+
+Why: at batch 1 a decoding step multiplies one vector by every weight matrix, so its time is
+the time to *read* the weights from memory, not to multiply them. Storing each weight in
+one byte instead of four cuts that read by 4×; the activations stay floating point.
+
+The scheme, per output channel (row ``n`` of the (N, K) weight), symmetric::
+
+    scale[n] = max_k |W[n, k]| / 127            (fp32; a zero row keeps a tiny scale)
+    Q[n, k]  = round(W[n, k] / scale[n])        (int8 in [-127, 127])
+    W[n, k] ≈ Q[n, k] · scale[n]                (error ≤ scale[n] / 2 per entry)
+
+and since ``scale`` is per output, it factors out of the product:
+``y[m, n] = scale[n] · Σ_k x[m, k] · Q[n, k] + bias[n]``.
+
+Two kernels compute that sum, one chosen by measurement (``bench.generation_speed``):
+
+* ``fused``: ``torch.compile`` of the sum written as "convert each int8 on load, multiply,
+  reduce" — inductor emits one loop that streams the int8 weight once and never builds a
+  float copy. It is ~5× faster than fp32 on a weight too large for the caches, where the
+  stock ``torch._weight_int8pack_mm`` is ~4× *slower* than fp32 on this CPU. It serves a few
+  rows at a time (decoding: B rows of one token), the bandwidth-bound case, outside
+  autograd. Each input shape is compiled once per process, on first use — about a second
+  each, a few seconds per model; ``compile_seconds`` says how many. Without a working
+  compiler it falls back, once, with a warning.
+* ``dequantized``: ``F.linear(x, Q.to(x.dtype)) · scale`` — a float copy of ``Q`` per call,
+  then the ordinary matmul. For many rows (a prompt, a validation batch) the copy is paid
+  once for all of them; it is also the path that autograd (gradients to ``x``) goes through.
+
+Shape legend: ``M`` rows (every leading dim of ``x`` flattened), ``K`` in features, ``N`` out
+features.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["FUSED_MAX_ROWS", "INT8_MAX", "Int8Kernel", "Int8Linear", "compile_seconds",
+           "dequantize_weight", "fused_kernel_status", "quantize_weight"]
+
+INT8_MAX = 127  # symmetric: -128 is never used, so Q and -Q are both representable
+# Up to this many rows the fused kernel runs; above it the weight is dequantized once for all
+# rows. Decoding batches stay below it; prompts and training batches go above it (measured
+# in bench.generation_speed: the fused loop re-reads the weight per row).
+FUSED_MAX_ROWS = 8
+# A row whose largest |w| / 127 underflows float32 gets the smallest positive float32 as its
+# scale, so Q = round(w / scale) stays finite (and within ±127: see quantize_weight).
+_TINY_SCALE = torch.finfo(torch.float32).smallest_normal * 2.0**-23  # 1.4e-45, subnormal
+
+Int8Kernel = Literal["auto", "fused", "dequantized"]
+KERNELS: tuple[str, ...] = ("auto", "fused", "dequantized")
+
+
+def quantize_weight(weight: Tensor, name: str = "weight") -> tuple[Tensor, Tensor]:
+    """A float weight (N, K) → (int8 Q (N, K), fp32 scale (N,)), symmetric per output row.
+
+    Every entry satisfies ``|W - Q·scale| ≤ scale / 2`` (up to float32 rounding), with
+    ``scale = max|W[n]| / 127``. A zero row gives Q = 0 exactly. ``ValueError`` (naming
+    ``name``) for a weight that is not 2-D floating point or holds NaN or ±inf — int8 has no
+    such values, and a silent 0 or ±127 in their place would hide a damaged model.
+    """
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"{name}: expected a 2-D floating-point weight (N, K); got "
+                         f"{tuple(weight.shape)} {weight.dtype}")
+    w = weight.detach().float()  # (N, K)
+    finite = torch.isfinite(w)
+    if not bool(finite.all()):
+        bad_rows = (~finite).any(dim=1).nonzero().flatten().tolist()
+        raise ValueError(f"{name}: cannot quantize a weight holding {int(w.isnan().sum())} NaN "
+                         f"and {int(w.isinf().sum())} infinite value(s) (rows "
+                         f"{bad_rows[:5]}{'…' if len(bad_rows) > 5 else ''}); the model is "
+                         "damaged — `handformer doctor --run DIR` checks a run")
+    amax = w.abs().amax(dim=1)  # (N,)
+    scale = (amax / INT8_MAX).clamp_min(_TINY_SCALE)  # (N,)
+    # |w| / scale ≤ 127 (or < 64 where the clamp raised the scale); clamp guards rounding.
+    q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+def dequantize_weight(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """int8 Q (N, K) and scale (N,) → the float weight (N, K) they stand for."""
+    return q.to(dtype) * scale.to(dtype)[:, None]  # (N, K)
+
+
+# -- the kernels ------------------------------------------------------------------------------
+def _fused_sum(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """x (M, K) float, q (N, K) int8, scale (N,) → (M, N). Written as a broadcast so that
+    inductor fuses the int8 → float conversion into the reduction (eager would build
+    (M, N, K): only ever run compiled)."""
+    return (x[:, None, :] * q.to(x.dtype)).sum(dim=-1) * scale.to(x.dtype)  # (M, N)
+
+
+def _fused_sum_bias(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """``_fused_sum`` plus the bias (N,), in the same loop."""
+    return _fused_sum(x, q, scale) + bias.to(x.dtype)  # (M, N)
+
+
+def _dequantized(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """x (..., K) → (..., N): one float copy of q, the ordinary matmul, the scale after."""
+    return F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)  # (..., N)
+
+
+_Key = tuple[object, ...]
+
+
+class _FusedKernel:
+    """The fused product compiled by inductor, once per input shape, kept for the process.
+
+    Why not ``torch.compile``: its guards and wrappers cost ~35 µs per call here, more than
+    the product itself at these sizes (a step makes 4 such calls per layer). Tracing the
+    function to a graph (``make_fx``) and handing it to ``torch._inductor.compile`` gives
+    the same generated loop behind ~8 µs of call overhead — but with no guards, so each
+    compiled graph is only ever called with the exact shapes, dtypes and layout it was
+    compiled for (the key below), which is why each shape compiles once. Inductor's on-disk
+    cache makes later processes compile in a fraction of the time.
+    """
+
+    def __init__(self) -> None:
+        self._compiled: dict[_Key, Callable[..., Tensor]] = {}
+        self.broken: str | None = None
+        self.seconds = 0.0  # spent compiling, all shapes together
+        self._lock = threading.Lock()
+
+    def _compile(self, key: _Key, args: tuple[Tensor, ...]) -> Callable[..., Tensor] | None:
+        from torch._inductor import compile as inductor_compile
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        t0 = time.perf_counter()
+        try:
+            fn = _fused_sum if len(args) == 3 else _fused_sum_bias
+            examples = [a.detach().clone() for a in args]  # plain tensors, outside any mode
+            with torch.inference_mode(False), torch.no_grad():
+                graph = make_fx(fn)(*examples)
+                compiled = inductor_compile(graph, examples)
+        except Exception as err:  # no C++ compiler, unsupported platform, …: many types
+            text = str(err).strip()
+            self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+            warnings.warn(f"int8: the fused kernel cannot be compiled here ({self.broken}); "
+                          "using the dequantize-then-matmul kernel instead (correct, but "
+                          "slower than float32 at batch 1: int8 then saves memory, not time)",
+                          RuntimeWarning, stacklevel=5)
+            return None
+        self.seconds += time.perf_counter() - t0
+        self._compiled[key] = compiled
+        return compiled
+
+    def __call__(self, x: Tensor, q: Tensor, scale: Tensor,
+                 bias: Tensor | None) -> Tensor | None:
+        """x (M, K) → (M, N), or None when compiling is impossible here (the caller falls
+        back to the dequantized kernel)."""
+        if self.broken is not None:
+            return None
+        args = (x, q, scale) if bias is None else (x, q, scale, bias)
+        key = tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            with self._lock:
+                compiled = self._compiled.get(key) or self._compile(key, args)
+            if compiled is None:
+                return None
+        return compiled(*args)
+
+    def shapes(self) -> int:
+        """How many input shapes have been compiled so far."""
+        return len(self._compiled)
+
+
+_FUSED = _FusedKernel()
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling the fused int8 kernel, all shapes together
+    (0 before first use; inductor's on-disk cache makes later processes faster)."""
+    return _FUSED.seconds
+
+
+def fused_kernel_status() -> str | None:
+    """Why the fused kernel is unavailable in this process, or None (not yet tried, or works)."""
+    return _FUSED.broken
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with an int8 weight and a float scale per output feature.
+
+    ``forward(x (..., K)) -> (..., N)``, like ``nn.Linear``; ``x`` may be float32 or
+    bfloat16 (the scale and bias follow ``.to(dtype)``; the int8 weight never changes).
+    Stored tensors: ``qweight`` int8 (N, K) and ``scale`` (N,) as buffers (they are not
+    trained), ``bias`` (N,) as a parameter. ``weight`` gives the dequantized float weight,
+    so code that reads a linear layer's weight (the doctor's attention checks, cross-
+    attention's slices) still works. Build one with ``Int8Linear.from_linear(linear)``.
+
+    ``kernel``: ``"auto"`` (fused for up to ``FUSED_MAX_ROWS`` rows, dequantized for more),
+    ``"fused"`` or ``"dequantized"`` (always that one; for tests and benchmarks). Whatever
+    autograd must differentiate (training, ``x.requires_grad``) takes the dequantized one. ``ValueError`` for an input whose last dim is not K.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32, kernel: Int8Kernel = "auto") -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNELS}")
+        self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
+        self.register_buffer("qweight", torch.zeros(out_features, in_features,
+                                                    dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=dtype, device=device))
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+                     if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "weight",
+                    kernel: Int8Kernel = "auto") -> Int8Linear:
+        """Quantize ``linear``'s weight (see ``quantize_weight``; ``name`` goes in its errors);
+        the bias is copied as it is."""
+        q, scale = quantize_weight(linear.weight, name)
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                    device=linear.weight.device, kernel=kernel)
+        with torch.no_grad():
+            layer.qweight.copy_(q)
+            layer.scale.copy_(scale)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias.float())  # type: ignore[union-attr]
+        dtype = linear.weight.dtype
+        return layer.to(dtype) if dtype != torch.float32 else layer
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantized weight (N, K), in the scale's dtype (a new tensor each time)."""
+        return dequantize_weight(self.qweight, self.scale, self.scale.dtype)
+
+    def _use_fused(self, rows: int, x: Tensor) -> bool:
+        """The compiled graph has no backward: anything autograd must see is dequantized."""
+        if torch.is_grad_enabled() and (x.requires_grad or (
+                self.bias is not None and self.bias.requires_grad)):
+            return False
+        if self.kernel != "auto":
+            return self.kernel == "fused"
+        return rows <= FUSED_MAX_ROWS
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., K) → (..., N)."""
+        k, n = self.in_features, self.out_features
+        if x.dim() == 0 or x.shape[-1] != k:
+            raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
+        rows = x.numel() // k if k else 0
+        if rows and self._use_fused(rows, x):
+            out = _FUSED(x.reshape(rows, k).contiguous(), self.qweight, self.scale,
+                         self.bias)  # (M, N), or None if it cannot compile here
+            if out is not None:
+                return out.view(*x.shape[:-1], n)  # (..., N)
+        out = _dequantized(x, self.qweight, self.scale)  # (..., N)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight=int8 per-output-channel, "
+                f"kernel={self.kernel}")
