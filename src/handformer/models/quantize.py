@@ -28,14 +28,20 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import torch
 from torch import nn
 
 from handformer.models.decoder_lm import DecoderLM
-from handformer.nn.quantized import Int8Kernel, Int8Linear
+from handformer.nn.quantized import (
+    Int8Kernel,
+    Int8Linear,
+    compile_seconds,
+    fused_kernel_status,
+)
 
 __all__ = ["INT8_FORMAT", "QUANTIZATION_KEY", "QUANTIZE_CHOICES", "QuantizationError",
            "apply_int8_layout", "int8_layers", "is_quantized", "quantization_info",
-           "quantize_int8"]
+           "quantize_int8", "warm_up_int8"]
 
 QUANTIZATION_KEY = "quantization"  # config.json's key for a quantized run
 INT8_FORMAT = "int8-weight-only"
@@ -137,3 +143,20 @@ def apply_int8_layout(model: nn.Module, info: Any) -> nn.Module:
                            linear.bias is not None, device=linear.weight.device)
         _replace(model, name, layer.train(linear.training))
     return model
+
+
+def warm_up_int8(model: nn.Module, batch_size: int = 1) -> tuple[float, str | None]:
+    """Compile the fused int8 kernel for every layer shape a decoding step of ``batch_size``
+    rows meets, before the first token (so a user waits once, knowingly, not mid-stream).
+    Returns (seconds spent compiling, None) or, where the kernel cannot compile here,
+    (seconds, the reason: the model then runs on the slower dequantizing kernel)."""
+    before = compile_seconds()
+    with torch.inference_mode():
+        for layer in model.modules():
+            if isinstance(layer, Int8Linear):
+                layer(torch.zeros(batch_size, layer.in_features, dtype=layer.scale.dtype,
+                                  device=layer.qweight.device))
+    broken = fused_kernel_status()
+    note = None if broken is None else (f"the fused kernel cannot compile here ({broken}); "
+                                        "using the dequantizing kernel, slower than float32")
+    return compile_seconds() - before, note

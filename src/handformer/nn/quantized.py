@@ -33,6 +33,7 @@ features.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -47,9 +48,10 @@ __all__ = ["FUSED_MAX_ROWS", "INT8_MAX", "Int8Kernel", "Int8Linear", "compile_se
            "dequantize_weight", "fused_kernel_status", "quantize_weight"]
 
 INT8_MAX = 127  # symmetric: -128 is never used, so Q and -Q are both representable
-# Up to this many rows the fused kernel runs; above it the weight is dequantized once for all
-# rows. Decoding batches stay below it; prompts and training batches go above it (measured
-# in bench.generation_speed: the fused loop re-reads the weight per row).
+# A decoding step of up to this many rows (one new token each) runs the fused kernel; more
+# rows, or a sequence (a prompt, a training batch), dequantize once for all rows: the fused
+# loop re-reads the weight per row (bench.generation_speed's kernel rows), and each new row
+# count would be another compilation.
 FUSED_MAX_ROWS = 8
 # A row whose largest |w| / 127 underflows float32 gets the smallest positive float32 as its
 # scale, so Q = round(w / scale) stays finite (and within ±127: see quantize_weight).
@@ -80,7 +82,10 @@ def quantize_weight(weight: Tensor, name: str = "weight") -> tuple[Tensor, Tenso
                          "damaged — `handformer doctor --run DIR` checks a run")
     amax = w.abs().amax(dim=1)  # (N,)
     scale = (amax / INT8_MAX).clamp_min(_TINY_SCALE)  # (N,)
-    # |w| / scale ≤ 127 (or < 64 where the clamp raised the scale); clamp guards rounding.
+    # Never below max|w| / 127: a scale rounded down (subnormal ones lose digits) would push
+    # the largest entry past 127, and clamping it would break the half-step bound.
+    low = scale.double() * INT8_MAX < amax.double()  # (N,)
+    scale = torch.where(low, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
     q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (N, K)
     return q, scale
 
@@ -197,9 +202,11 @@ class Int8Linear(nn.Module):
     so code that reads a linear layer's weight (the doctor's attention checks, cross-
     attention's slices) still works. Build one with ``Int8Linear.from_linear(linear)``.
 
-    ``kernel``: ``"auto"`` (fused for up to ``FUSED_MAX_ROWS`` rows, dequantized for more),
-    ``"fused"`` or ``"dequantized"`` (always that one; for tests and benchmarks). Whatever
-    autograd must differentiate (training, ``x.requires_grad``) takes the dequantized one. ``ValueError`` for an input whose last dim is not K.
+    ``kernel``: ``"auto"`` (fused for a decoding step — one position, up to
+    ``FUSED_MAX_ROWS`` rows, padded to 1, 2, 4 or 8 — dequantized for a sequence or more
+    rows), ``"fused"`` or ``"dequantized"`` (always that one; for tests and benchmarks).
+    Whatever autograd must differentiate (training, ``x.requires_grad``) is dequantized.
+    ``ValueError`` for an input whose last dim is not K.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
@@ -236,26 +243,33 @@ class Int8Linear(nn.Module):
         """The dequantized weight (N, K), in the scale's dtype (a new tensor each time)."""
         return dequantize_weight(self.qweight, self.scale, self.scale.dtype)
 
-    def _use_fused(self, rows: int, x: Tensor) -> bool:
-        """The compiled graph has no backward: anything autograd must see is dequantized."""
+    def _fused_rows(self, x: Tensor) -> int:
+        """How many rows to hand the fused kernel (a power of two ≥ the input's rows, so a
+        layer compiles at most four variants), or 0 for the dequantized kernel."""
         if torch.is_grad_enabled() and (x.requires_grad or (
                 self.bias is not None and self.bias.requires_grad)):
-            return False
-        if self.kernel != "auto":
-            return self.kernel == "fused"
-        return rows <= FUSED_MAX_ROWS
+            return 0  # the compiled graph has no backward: autograd goes the other way
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows == 0 or self.kernel == "dequantized":
+            return 0
+        if self.kernel == "auto" and (rows > FUSED_MAX_ROWS or (x.dim() > 2 and x.shape[-2] > 1)):
+            return 0  # a sequence (a prompt, a training batch): one float copy serves all
+        return 1 << (rows - 1).bit_length()
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) → (..., N)."""
         k, n = self.in_features, self.out_features
         if x.dim() == 0 or x.shape[-1] != k:
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
-        rows = x.numel() // k if k else 0
-        if rows and self._use_fused(rows, x):
-            out = _FUSED(x.reshape(rows, k).contiguous(), self.qweight, self.scale,
-                         self.bias)  # (M, N), or None if it cannot compile here
-            if out is not None:
-                return out.view(*x.shape[:-1], n)  # (..., N)
+        padded = self._fused_rows(x)
+        if padded:
+            rows = x.numel() // k
+            flat = x.reshape(rows, k)  # (M, K)
+            if padded > rows:  # zero rows up to the compiled size, dropped after
+                flat = torch.cat([flat, flat.new_zeros(padded - rows, k)])
+            out = _FUSED(flat.contiguous(), self.qweight, self.scale, self.bias)  # (M', N)
+            if out is not None:  # None: it cannot compile here (warned once)
+                return out[:rows].view(*x.shape[:-1], n)  # (..., N)
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
