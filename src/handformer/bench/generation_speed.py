@@ -218,18 +218,19 @@ def register_contenders(factory: ContenderFactory) -> None:
 
 
 # -- timing -----------------------------------------------------------------------------------
-def time_alternating(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, list[float]]:
-    """Seconds per call of each function: one warm-up call each (compiles, caches), then
-    ``repeats`` rounds calling each in turn, so drift hits every contender alike."""
-    for fn in fns.values():
-        fn()
+def time_alternating(fns: dict[str, Callable[[], Any]],
+                     repeats: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds per call of each function and what its first call returned: one warm-up call
+    each (compiles, caches), then ``repeats`` rounds calling each in turn, so drift hits
+    every contender alike."""
+    first = {name: fn() for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return times
+    return times, first
 
 
 def build_setup(name: str, case: Case) -> Setup:
@@ -246,13 +247,13 @@ def run_case(name: str, case: Case, repeats: int, bandwidth: float) -> list[dict
     setup = build_setup(name, case)
     contenders = [c for factory in CONTENDER_FACTORIES for c in factory(setup)]
     compiled_before = compile_seconds()
-    times = time_alternating({c.name: c.run for c in contenders}, repeats)
-    reference = contenders[0].run()  # handformer fp32's greedy tokens
+    times, outputs = time_alternating({c.name: c.run for c in contenders}, repeats)
+    reference = outputs[contenders[0].name][0, PROMPT:]  # handformer fp32's greedy tokens
     rows = []
     for c in contenders:
         med = statistics.median(times[c.name])
         floor = c.bytes_per_token / bandwidth
-        agree = float((c.run() == reference).float().mean()) if c is not contenders[0] else 1.0
+        agree = float((outputs[c.name][0, PROMPT:] == reference).float().mean())
         rows.append({
             "case": name, "threads": torch.get_num_threads(), "contender": c.name,
             "dtype": c.dtype, "new_tokens": case.new_tokens, "median_s": med,
@@ -310,8 +311,8 @@ def kernel_rows(shape: tuple[int, int], repeats: int) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         fused(x)  # compiles this shape once: timed apart from the product
         compile_s = time.perf_counter() - t0
-        times = time_alternating({name: fn for name, (fn, _, _) in kernels.items()},
-                                 max(repeats, 5) * 4)
+        times, _ = time_alternating({name: fn for name, (fn, _, _) in kernels.items()},
+                                    max(repeats, 5) * 4)
         for name, (fn, x64, w64) in kernels.items():
             ref = x64 @ w64.t()  # (1, N)
             err = float((fn().double() - ref).abs().max() / ref.abs().max())
@@ -342,7 +343,7 @@ def print_report(result: dict[str, Any]) -> None:
               f"{vs_hf:>6} {100 * r['agreement_with_fp32']:>5.0f}%")
     for b in result["bandwidth"]:
         print(f"memory bandwidth, {b['threads']} thread(s): {b['gb_per_s']:.1f} GB/s "
-              "(sum of a 512 MB float32 tensor)")
+              f"(sum of a {b['megabytes']} MB float32 tensor)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -370,23 +371,26 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or ([1] if args.quick else [1, 2])
     repeats = args.repeats or (2 if args.quick else 3)
     before = torch.get_num_threads()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"repeats": repeats, "prompt": PROMPT, "bandwidth": [],
                               "kernels": [], "rows": []}
     try:
         for t in threads:
             torch.set_num_threads(t)
-            bandwidth = measure_bandwidth(5, 64 if args.quick else 512)
-            result["bandwidth"].append({"threads": t, "gb_per_s": bandwidth / 1e9})
+            megabytes = 64 if args.quick else 512
+            bandwidth = measure_bandwidth(5, megabytes)
+            result["bandwidth"].append({"threads": t, "gb_per_s": bandwidth / 1e9,
+                                        "megabytes": megabytes})
             if not args.no_kernels:
                 result["kernels"] += kernel_rows(QUICK_KERNEL_SHAPE if args.quick
                                                  else KERNEL_SHAPE, repeats)
             for name, case in cases.items():
                 print(f"[{t} thread(s)] {name} …", flush=True)
                 result["rows"] += run_case(name, case, repeats, bandwidth)
+                args.out.write_text(json.dumps(result, indent=2))  # a long run keeps its rows
     finally:
         torch.set_num_threads(before)
     print_report(result)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\nwrote {args.out}")
     return 0
