@@ -38,7 +38,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -157,21 +157,18 @@ class _FusedKernel:
         self._compiled[key] = compiled
         return compiled
 
-    def __call__(self, x: Tensor, q: Tensor, scale: Tensor,
-                 bias: Tensor | None) -> Tensor | None:
-        """x (M, K) → (M, N), or None when compiling is impossible here (the caller falls
-        back to the dequantized kernel)."""
+    def kernel_for(self, *args: Tensor) -> Callable[..., Tensor] | None:
+        """The compiled product for exactly these inputs' shapes, dtypes, strides and device
+        — (x (M, K), q (N, K), scale (N,)[, bias (N,)]) — compiling it on first request; None
+        when compiling is impossible here (the caller falls back to the dequantized kernel)."""
         if self.broken is not None:
             return None
-        args = (x, q, scale) if bias is None else (x, q, scale, bias)
         key = tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
         compiled = self._compiled.get(key)
         if compiled is None:
             with self._lock:
                 compiled = self._compiled.get(key) or self._compile(key, args)
-            if compiled is None:
-                return None
-        return compiled(*args)
+        return compiled
 
     def shapes(self) -> int:
         """How many input shapes have been compiled so far."""
@@ -216,6 +213,7 @@ class Int8Linear(nn.Module):
         if kernel not in KERNELS:
             raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNELS}")
         self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
+        self._kernels: dict[tuple[object, ...], Callable[..., Tensor]] = {}
         self.register_buffer("qweight", torch.zeros(out_features, in_features,
                                                     dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.ones(out_features, dtype=dtype, device=device))
@@ -258,20 +256,47 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) → (..., N)."""
-        k, n = self.in_features, self.out_features
+        k = self.in_features
         if x.dim() == 0 or x.shape[-1] != k:
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
         padded = self._fused_rows(x)
         if padded:
-            rows = x.numel() // k
-            flat = x.reshape(rows, k)  # (M, K)
-            if padded > rows:  # zero rows up to the compiled size, dropped after
-                flat = torch.cat([flat, flat.new_zeros(padded - rows, k)])
-            out = _FUSED(flat.contiguous(), self.qweight, self.scale, self.bias)  # (M', N)
+            out = self._fused_forward(x, padded)
             if out is not None:  # None: it cannot compile here (warned once)
-                return out[:rows].view(*x.shape[:-1], n)  # (..., N)
+                return out
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def _fused_forward(self, x: Tensor, padded: int) -> Tensor | None:
+        """x (..., K) with at most ``padded`` rows → (..., N) through the fused kernel."""
+        k, n = self.in_features, self.out_features
+        rows = x.numel() // k
+        flat = x.reshape(rows, k)  # (M, K)
+        if padded > rows:  # zero rows up to the compiled size, dropped after
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, k)])
+        elif not flat.is_contiguous():
+            flat = flat.contiguous()
+        args = (flat, self.qweight, self.scale) if self.bias is None else \
+            (flat, self.qweight, self.scale, self.bias)
+        # This layer's own index of the shared compiled kernels: a step looks up one small
+        # key instead of describing every input (µs a call at batch 1). Its tensors' dtypes
+        # and device are fixed between two ``_apply``s (``.to()``), which empty the index.
+        key = (padded, x.dtype)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = _FUSED.kernel_for(*args)
+            if kernel is None:
+                return None
+            self._kernels[key] = kernel
+        out = kernel(*args)  # (M', N)
+        if padded > rows:
+            out = out[:rows]
+        return out.view(*x.shape[:-1], n)  # (..., N)
+
+    def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Int8Linear:
+        """``.to()``, ``.cuda()``, …: the tensors change, so forget the kernels found for them."""
+        self._kernels = {}
+        return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
