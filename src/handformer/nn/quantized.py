@@ -116,13 +116,47 @@ def _dequantized(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
 _Key = tuple[object, ...]
 
 
+def _inductor_compile(graph: torch.fx.GraphModule,
+                      examples: list[Tensor]) -> Callable[..., Tensor]:
+    """``graph`` compiled by inductor, called as ``f(*inputs) -> Tensor``.
+
+    ``torch._inductor.compile`` wraps the generated code in autograd's runtime wrappers
+    (grad-mode and alias bookkeeping, ~10 µs a call here, as long as the product itself at
+    decoding sizes). Nothing of that applies to this graph: inputs never require grad on this
+    path and nothing aliases. So the inner compiler's output is kept and its generated
+    ``call`` used directly — it still checks every input's size and stride. Where that
+    output is not what this torch version returns, the public wrapper is used instead.
+    """
+    from torch._inductor import compile_fx
+
+    inner: list[Any] = []
+
+    def keep_inner(*args: Any, **kwargs: Any) -> Any:
+        out = compile_fx.compile_fx_inner(*args, **kwargs)
+        inner.append(out)
+        return out
+
+    public = compile_fx.compile_fx(graph, examples, inner_compile=keep_inner)
+    runner = getattr(inner[0], "current_callable", None) if len(inner) == 1 else None
+    if runner is None or not getattr(inner[0], "_boxed_call", False):
+        return public  # type: ignore[return-value]
+
+    def call(*inputs: Tensor) -> Tensor:
+        return runner(list(inputs))[0]  # boxed: a fresh list, which the callee may empty
+
+    with torch.no_grad():  # the shortcut must give what the wrapper gives, or not be used
+        if not torch.equal(call(*examples), public(*examples)):
+            return public  # type: ignore[return-value]
+    return call
+
+
 class _FusedKernel:
     """The fused product compiled by inductor, once per input shape, kept for the process.
 
     Why not ``torch.compile``: its guards and wrappers cost ~35 µs per call here, more than
     the product itself at these sizes (a step makes 4 such calls per layer). Tracing the
-    function to a graph (``make_fx``) and handing it to ``torch._inductor.compile`` gives
-    the same generated loop behind ~8 µs of call overhead — but with no guards, so each
+    function to a graph (``make_fx``) and compiling that with inductor (``_inductor_compile``)
+    gives the same generated loop behind a few µs of call overhead — but no guards, so each
     compiled graph is only ever called with the exact shapes, dtypes and layout it was
     compiled for (the key below), which is why each shape compiles once. Inductor's on-disk
     cache makes later processes compile in a fraction of the time.
@@ -135,7 +169,6 @@ class _FusedKernel:
         self._lock = threading.Lock()
 
     def _compile(self, key: _Key, args: tuple[Tensor, ...]) -> Callable[..., Tensor] | None:
-        from torch._inductor import compile as inductor_compile
         from torch.fx.experimental.proxy_tensor import make_fx
 
         t0 = time.perf_counter()
@@ -143,8 +176,7 @@ class _FusedKernel:
             fn = _fused_sum if len(args) == 3 else _fused_sum_bias
             examples = [a.detach().clone() for a in args]  # plain tensors, outside any mode
             with torch.inference_mode(False), torch.no_grad():
-                graph = make_fx(fn)(*examples)
-                compiled = inductor_compile(graph, examples)
+                compiled = _inductor_compile(make_fx(fn)(*examples), examples)
         except Exception as err:  # no C++ compiler, unsupported platform, …: many types
             text = str(err).strip()
             self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
