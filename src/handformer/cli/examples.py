@@ -36,6 +36,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer generate --run runs/default --prompt-file prompts.txt --temperature 0",
         "handformer generate --run runs/default --interactive --max-new-tokens 100",
         "handformer generate --run runs/default --top-p 0.9 --repetition-penalty 1.2 --seed 0",
+        "handformer generate --run runs/default --temperature 0 --quantize int8   # int8 weights",
     ),
     "classify": (
         "handformer classify train                        # built-in balanced-brackets task",
@@ -77,6 +78,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "convert": (
         "handformer convert --to hf runs/default out/hf   # GPT2LMHeadModel.from_pretrained",
         "handformer convert --from hf some/gpt2-folder runs/imported",
+        "handformer convert --quantize int8 runs/default runs/default-int8   # int8 run folder",
     ),
     "bench": (
         "handformer bench --quick                         # all benchmarks, tiny sizes",
