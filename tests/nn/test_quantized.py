@@ -151,3 +151,15 @@ def test_wrong_input_width_is_refused_with_the_shapes(shape: tuple[int, ...]) ->
 def test_unknown_kernel_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown int8 kernel 'int4'"):
         Int8Linear(4, 4, kernel="int4")  # type: ignore[arg-type]
+
+
+def test_a_whole_layer_pickles_without_its_compiled_kernels() -> None:
+    import io
+
+    layer = Int8Linear.from_linear(torch.nn.Linear(8, 4))
+    layer._kernels[(1, torch.float32)] = lambda *args: args[0]  # a found kernel: a closure
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    back = torch.load(buffer, weights_only=False)
+    assert back._kernels == {} and torch.equal(back.qweight, layer.qweight)

@@ -325,6 +325,12 @@ class Int8Linear(nn.Module):
             out = out[:rows]
         return out.view(*x.shape[:-1], n)  # (..., N)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (``torch.save(model)``) without the compiled kernels: they are found again
+        on first use."""
+        state = super().__getstate__()  # type: ignore[misc]
+        return {**state, "_kernels": {}}
+
     def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Int8Linear:
         """``.to()``, ``.cuda()``, …: the tensors change, so forget the kernels found for them."""
         self._kernels = {}
