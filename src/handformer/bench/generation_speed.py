@@ -1,210 +1,403 @@
-"""Generation speed at batch 1, greedy: handformer with and without the KV cache against
-Hugging Face ``GPT2LMHeadModel`` (same shape, random weights, ``use_cache=True``).
+"""Generation speed at batch 1, greedy: handformer in float32, bfloat16 and int8 weights
+against Hugging Face ``GPT2LMHeadModel`` (same shape, random weights, float32,
+``use_cache=True``), each row with the floor memory bandwidth sets.
 
-Also measures the bound no implementation in that dtype can beat at batch 1: every weight
-must be streamed from memory once per token, so the time of the model's matrix–vector
-products alone (nothing else) is a floor on the time per token. Two versions: the model's
-own matvecs one by one (what any layer-by-layer implementation must at least do) and one
-matvec over all the weights stacked into a single matrix (pure streaming, no per-call cost).
+Why a floor: at batch 1 a decoding step multiplies one vector by every weight matrix, so a
+step must at least *read* every weight once, and the KV cache of every layer. A row's floor is
+those bytes (weights in the dtype they are stored in, plus the mean cache read per step)
+divided by the memory bandwidth measured in the same run (streaming a large tensor once,
+``measure_bandwidth``). int8 weights cut the weight bytes by 4; that is the whole point of
+them. (A model whose weights fit in the CPU's last-level cache can beat a DRAM floor.)
 
-Contenders run alternately in one process (median of ``--repeats`` after a warm-up), so
-machine noise hits them alike, on ``--threads`` intra-op threads (default 1: at batch 1 the
-ops are too small to split, and on a shared machine waiting OpenMP threads make small ops
-many times slower). Prints a table and writes JSON.
+Three parts, all in one process, contenders alternated (median of ``--repeats`` after a
+warm-up) so machine noise hits them alike, once per thread count in ``--threads``:
 
-    python benchmarks/generation_speed.py            # full: 4L/128d × 256 tokens, 6L/384d × 512
-    python benchmarks/generation_speed.py --quick    # seconds; used in CI so it never rots
+* ``kernels``: one (N, K) weight times one vector in each kernel — fp32, bf16,
+  ``torch._weight_int8pack_mm``, dequantize-then-matmul, the fused int8 kernel of
+  ``handformer.nn.quantized`` and, if installed, torchao's int8 weight-only linear — with each
+  one's error against a float64 product. This is the measurement the int8 kernel was chosen by.
+* ``rows``: whole generations, 512 new tokens after a 16-token prompt, at 4L-128d, 6L-384d
+  and 12L-768d (GPT-2 small's shape). Contenders come from ``CONTENDER_FACTORIES``: more can
+  be registered there (``register_contenders``) and are timed and floored alike.
+* the int8 quality on a *trained* model lives in ``bench.int8_quality`` (it needs a run).
+
+    python benchmarks/generation_speed.py                  # full: three cases, 1 and 2 threads
+    python benchmarks/generation_speed.py --quick          # seconds; used in CI so it never rots
+    python benchmarks/generation_speed.py --cases 6L-384d --threads 1
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.generate import generate
 from handformer.models.decoder_lm import DecoderLM
+from handformer.models.quantize import quantize_int8
+from handformer.nn.quantized import Int8Linear, compile_seconds, quantize_weight
+
+__all__ = ["CASES", "CONTENDER_FACTORIES", "Case", "Contender", "Setup", "main",
+           "measure_bandwidth", "register_contenders", "step_bytes"]
 
 VOCAB = 96
 PROMPT = 16
-
-CASES = {
-    "4L-128d": dict(n_layers=4, n_heads=4, d_model=128, new_tokens=256),
-    "6L-384d": dict(n_layers=6, n_heads=6, d_model=384, new_tokens=512),
-}
-QUICK_CASES = {"2L-64d": dict(n_layers=2, n_heads=4, d_model=64, new_tokens=24)}
+NEW_TOKENS = 512
+HF = "HF GPT2LMHeadModel fp32 (cache)"
 
 
-def build_handformer(case: dict, max_len: int, dtype: torch.dtype) -> DecoderLM:
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=case["d_model"], n_heads=case["n_heads"],
-                      n_layers=case["n_layers"], max_len=max_len, positional="learned",
-                      attention="sdpa", activation="gelu")
-    return DecoderLM(cfg).to(dtype).eval()
+@dataclass(frozen=True)
+class Case:
+    """A model shape (random weights) and how many tokens to generate after the prompt."""
+
+    n_layers: int
+    n_heads: int
+    d_model: int
+    new_tokens: int = NEW_TOKENS
 
 
-def build_hf(case: dict, max_len: int, dtype: torch.dtype):
+CASES = {"4L-128d": Case(4, 4, 128), "6L-384d": Case(6, 6, 384),
+         "12L-768d": Case(12, 12, 768)}
+QUICK_CASES = {"2L-64d": Case(2, 4, 64, new_tokens=24)}
+# The weight the kernel rows multiply: the issue's probe, 113 MB in fp32 (quick: 0.4 MB).
+KERNEL_SHAPE, QUICK_KERNEL_SHAPE = (12288, 2304), (768, 128)
+
+
+@dataclass
+class Setup:
+    """What every contender of a case shares: the float32 model (random weights, eval mode),
+    the prompt (1, PROMPT) and the case."""
+
+    name: str
+    case: Case
+    model: DecoderLM
+    prompt: Tensor
+
+    @property
+    def mean_context(self) -> float:
+        """Mean number of cached tokens a decoding step reads."""
+        return PROMPT + self.case.new_tokens / 2
+
+
+@dataclass
+class Contender:
+    """One way to generate ``case.new_tokens`` greedy tokens from the prompt. ``run`` returns
+    the ids (1, PROMPT + new); ``bytes_per_token`` is what a token must read at least (the
+    row's floor is that / bandwidth); ``dtype`` how the weights are stored; ``same_weights``
+    whether it runs the case's model (else its tokens are not compared with fp32's)."""
+
+    name: str
+    dtype: str
+    run: Callable[[], Tensor]
+    bytes_per_token: float
+    note: str = ""
+    same_weights: bool = True  # the case's model (agreement with its fp32 tokens is meaningful)
+
+
+ContenderFactory = Callable[[Setup], list[Contender]]
+
+
+def step_bytes(model: nn.Module, mean_context: float, cache_dtype: torch.dtype) -> float:
+    """Bytes one decoding step of ``model`` (a ``DecoderLM``-shaped model) must read at
+    least: every weight it multiplies by, in its stored dtype (a tied head counted once, as
+    the head), one row of each embedding table, and ``mean_context`` cached keys and values
+    of every layer in ``cache_dtype``."""
+    seen: set[int] = set()
+    total = 0
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            continue
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if tensor.data_ptr() not in seen:
+                seen.add(tensor.data_ptr())
+                total += tensor.numel() * tensor.element_size()
+    for emb in embeddings:  # one row per step, unless the head reads the table whole
+        if emb.weight.data_ptr() not in seen:
+            total += emb.weight.shape[1] * emb.weight.element_size()
+    cfg = model.config  # type: ignore[union-attr]
+    kv_width = 2 * cfg.n_kv_heads * (cfg.d_model // cfg.n_heads)
+    return total + cfg.n_layers * kv_width * mean_context * torch.empty(
+        (), dtype=cache_dtype).element_size()
+
+
+def measure_bandwidth(repeats: int, megabytes: int = 512) -> float:
+    """Bytes per second this process reads from memory, on the current thread count: the
+    median time to sum a float32 tensor far larger than any cache."""
+    big = torch.ones(megabytes * 2**20 // 4)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        big.sum()
+        times.append(time.perf_counter() - t0)
+    return big.numel() * 4 / statistics.median(times[1:])
+
+
+# -- contenders -------------------------------------------------------------------------------
+def _greedy(model: nn.Module, setup: Setup) -> Callable[[], Tensor]:
+    return lambda: generate(model, setup.prompt, setup.case.new_tokens, temperature=0)
+
+
+def handformer_contenders(setup: Setup) -> list[Contender]:
+    """handformer with the KV cache: float32, bfloat16 and int8 weights (fp32 activations)."""
+    fp32 = setup.model
+    bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
+    int8 = quantize_int8(fp32)
+    ctx = setup.mean_context
+    return [
+        Contender("handformer fp32", "float32", _greedy(fp32, setup),
+                  step_bytes(fp32, ctx, torch.float32)),
+        Contender("handformer bf16", "bfloat16", _greedy(bf16, setup),
+                  step_bytes(bf16, ctx, torch.bfloat16)),
+        Contender("handformer int8", "int8", _greedy(int8, setup),
+                  step_bytes(int8, ctx, torch.float32), note="weights int8, activations fp32"),
+    ]
+
+
+def torchao_contenders(setup: Setup) -> list[Contender]:
+    """torchao's int8 weight-only quantization of the same model, eager (if installed)."""
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+    except ImportError:
+        return []
+    model = copy.deepcopy(setup.model)
+    quantize_(model, Int8WeightOnlyConfig())
+    int8_bytes = step_bytes(quantize_int8(setup.model), setup.mean_context, torch.float32)
+    return [Contender("torchao int8 weight-only (eager)", "int8", _greedy(model, setup),
+                      int8_bytes)]
+
+
+def _build_hf(setup: Setup) -> nn.Module | None:
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
     except ImportError:
         return None
-    cfg = GPT2Config(vocab_size=VOCAB, n_positions=max_len, n_embd=case["d_model"],
-                     n_layer=case["n_layers"], n_head=case["n_heads"],
-                     activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
-                     attn_pdrop=0.0, bos_token_id=0, eos_token_id=None, pad_token_id=0)
-    return GPT2LMHeadModel(cfg).to(dtype).eval()
+    c = setup.case
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=PROMPT + c.new_tokens, n_embd=c.d_model,
+                     n_layer=c.n_layers, n_head=c.n_heads, activation_function="gelu",
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                     eos_token_id=None, pad_token_id=0)
+    return GPT2LMHeadModel(cfg).eval()
 
 
-def matvec_floor(model: DecoderLM, reps: int) -> float:
-    """Seconds per token spent in matrix–vector products alone: every Linear weight of the
-    model (and the vocabulary head) multiplied by one vector."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    xs = [torch.randn(1, w.shape[1], dtype=w.dtype) for w in weights]
-    times = []
-    with torch.inference_mode():
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(20):
-                for w, x in zip(weights, xs, strict=True):
-                    torch.nn.functional.linear(x, w)
-            times.append((time.perf_counter() - t0) / 20)
-    return statistics.median(times)
+def hf_contenders(setup: Setup) -> list[Contender]:
+    """Hugging Face GPT-2 of the same shape, float32, with its cache."""
+    hf = _build_hf(setup)
+    if hf is None:
+        return []
+    new = setup.case.new_tokens
+
+    def run() -> Tensor:
+        with torch.inference_mode():
+            return hf.generate(setup.prompt, attention_mask=torch.ones_like(setup.prompt),
+                               max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                               use_cache=True, pad_token_id=0)
+
+    # Same shapes as handformer's fp32 model: the same bytes per token.
+    return [Contender(HF, "float32", run,
+                      step_bytes(setup.model, setup.mean_context, torch.float32),
+                      note="its own random weights", same_weights=False)]
 
 
-def streaming_floor(model: DecoderLM, reps: int) -> float:
-    """Seconds per token to stream every Linear weight once, as one matvec over all of them
-    stacked into a single (Σ out, C) matrix — the memory-bandwidth bound without the
-    per-call cost of many small products. Layers whose input width is not C are stacked
-    transposed, so every weight is read exactly once."""
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    c = model.config.d_model
-    stacked = torch.cat([w if w.shape[1] == c else w.t() for w in weights]).contiguous()
-    x = torch.randn(1, c, dtype=stacked.dtype)
-    times = []
-    with torch.inference_mode():
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            for _ in range(20):
-                torch.nn.functional.linear(x, stacked)
-            times.append((time.perf_counter() - t0) / 20)
-    return statistics.median(times)
+CONTENDER_FACTORIES: list[ContenderFactory] = [handformer_contenders, torchao_contenders,
+                                               hf_contenders]
 
 
-def time_runs(fns: dict[str, Callable[[], None]], repeats: int) -> dict[str, list[float]]:
-    for fn in fns.values():
-        fn()  # warm-up
+def register_contenders(factory: ContenderFactory) -> None:
+    """Add contenders to every case (speculative decoding, another library): they run
+    alternated with the others and get their floors and ratios the same way."""
+    if factory not in CONTENDER_FACTORIES:
+        CONTENDER_FACTORIES.append(factory)
+
+
+# -- timing -----------------------------------------------------------------------------------
+def time_alternating(fns: dict[str, Callable[[], Any]],
+                     repeats: int) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """Seconds per call of each function and what its first call returned: one warm-up call
+    each (compiles, caches), then ``repeats`` rounds calling each in turn, so drift hits
+    every contender alike."""
+    first = {name: fn() for name, fn in fns.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        for name, fn in fns.items():  # alternate, so drift hits every contender alike
+        for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)
-    return times
+    return times, first
 
 
-def run_case(name: str, case: dict, repeats: int, dtype: torch.dtype) -> list[dict]:
+def build_setup(name: str, case: Case) -> Setup:
     torch.manual_seed(0)
-    new = case["new_tokens"]
-    max_len = PROMPT + new
-    ours = build_handformer(case, max_len, dtype)
-    hf = build_hf(case, max_len, dtype)
-    prompt = torch.randint(1, VOCAB, (1, PROMPT))
+    cfg = ModelConfig(vocab_size=VOCAB, d_model=case.d_model, n_heads=case.n_heads,
+                      n_layers=case.n_layers, max_len=PROMPT + case.new_tokens,
+                      positional="learned", attention="sdpa", activation="gelu")
+    model = DecoderLM(cfg).eval()
+    return Setup(name, case, model, torch.randint(1, VOCAB, (1, PROMPT)))
 
-    fns: dict[str, Callable[[], None]] = {
-        "handformer (cache)": lambda: generate(ours, prompt, new, temperature=0),
-        "handformer (no cache)": lambda: generate(ours, prompt, new, temperature=0,
-                                                  use_cache=False),
-    }
-    if hf is not None:
-        def run_hf() -> None:
-            with torch.inference_mode():
-                out = hf.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                  max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                  use_cache=True, pad_token_id=0)
-            assert out.shape[1] == PROMPT + new
-        fns["HF GPT2LMHeadModel (cache)"] = run_hf
-    times = time_runs(fns, repeats)
-    floor = matvec_floor(ours, max(5, repeats))
-    stream = streaming_floor(ours, max(5, repeats))
-    weight_mb = sum(m.weight.numel() * m.weight.element_size() for m in ours.modules()
-                    if isinstance(m, torch.nn.Linear)) / 1e6
+
+def run_case(name: str, case: Case, repeats: int, bandwidth: float) -> list[dict[str, Any]]:
+    """Every registered contender on one case; a row each, with its floor."""
+    setup = build_setup(name, case)
+    contenders = [c for factory in CONTENDER_FACTORIES for c in factory(setup)]
+    compiled_before = compile_seconds()
+    times, outputs = time_alternating({c.name: c.run for c in contenders}, repeats)
+    reference = outputs[contenders[0].name][0, PROMPT:]  # handformer fp32's greedy tokens
     rows = []
-    for contender, ts in times.items():
-        med = statistics.median(ts)
-        rows.append({"case": name, "dtype": str(dtype).removeprefix("torch."),
-                     "contender": contender, "new_tokens": new,
-                     "median_s": med, "min_s": min(ts), "max_s": max(ts),
-                     "tokens_per_s": new / med, "ms_per_token": 1000 * med / new,
-                     "floor_ms_per_token": 1000 * floor,
-                     "fraction_of_floor": floor / (med / new), "weight_mb": weight_mb})
-    for label, secs in (("weight-streaming floor (matvecs only)", floor),
-                        ("  one matvec over all weights stacked", stream)):
-        rows.append({"case": name, "dtype": str(dtype).removeprefix("torch."),
-                     "contender": label, "new_tokens": new,
-                     "median_s": secs * new, "min_s": secs * new, "max_s": secs * new,
-                     "tokens_per_s": 1 / secs, "ms_per_token": 1000 * secs,
-                     "floor_ms_per_token": 1000 * floor, "fraction_of_floor": floor / secs,
-                     "weight_mb": weight_mb})
+    for c in contenders:
+        med = statistics.median(times[c.name])
+        floor = c.bytes_per_token / bandwidth
+        agree = (float((outputs[c.name][0, PROMPT:] == reference).float().mean())
+                 if c.same_weights else None)
+        rows.append({
+            "case": name, "threads": torch.get_num_threads(), "contender": c.name,
+            "dtype": c.dtype, "new_tokens": case.new_tokens, "median_s": med,
+            "min_s": min(times[c.name]), "max_s": max(times[c.name]),
+            "tokens_per_s": case.new_tokens / med, "ms_per_token": 1000 * med / case.new_tokens,
+            "mb_per_token": c.bytes_per_token / 1e6, "floor_ms_per_token": 1000 * floor,
+            "fraction_of_floor": floor / (med / case.new_tokens),
+            "agreement_with_fp32": agree, "note": c.note})
+    hf = next((r for r in rows if r["contender"] == HF), None)
+    for r in rows:
+        r["vs_hf"] = None if hf is None else hf["median_s"] / r["median_s"]
+        if r["contender"] == "handformer int8":  # its warm-up compiled this model's shapes
+            r["compile_s"] = compile_seconds() - compiled_before
     return rows
+
+
+# -- kernels ----------------------------------------------------------------------------------
+def kernel_rows(shape: tuple[int, int], repeats: int) -> list[dict[str, Any]]:
+    """One (N, K) weight times one vector in every kernel; milliseconds and max error
+    relative to the largest output, against a float64 product of the same (quantized or
+    bf16-rounded) weight — the kernels' own error, not the quantization's."""
+    torch.manual_seed(0)
+    n, k = shape
+    linear = nn.Linear(k, n, bias=False)
+    w = linear.weight.detach()  # (N, K)
+    x = torch.randn(1, k)  # (1, K)
+    q, scale = quantize_weight(w)
+    fused = Int8Linear.from_linear(linear, kernel="fused")
+    wb, xb = w.bfloat16(), x.bfloat16()
+    wq64 = q.double() * scale.double()[:, None]  # (N, K)
+    fused_name = "handformer int8 fused (compiled)"
+    # name → (the product, its input in float64, its weight in float64)
+    kernels: dict[str, tuple[Callable[[], Tensor], Tensor, Tensor]] = {
+        "fp32 F.linear": (lambda: torch.nn.functional.linear(x, w), x.double(), w.double()),
+        "bf16 F.linear": (lambda: torch.nn.functional.linear(xb, wb), xb.double(),
+                          wb.double()),
+        "torch._weight_int8pack_mm": (lambda: torch._weight_int8pack_mm(x, q, scale),
+                                      x.double(), wq64),
+        "dequantize, then F.linear": (
+            lambda: torch.nn.functional.linear(x, q.float() * scale[:, None]), x.double(),
+            wq64),
+        fused_name: (lambda: fused(x), x.double(), wq64),
+    }
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        ao = nn.Sequential(copy.deepcopy(linear))
+        quantize_(ao, Int8WeightOnlyConfig())
+        ao_w64 = ao[0].weight.dequantize().double()  # torchao's own rounding of the weight
+        kernels["torchao int8 weight-only (eager)"] = (lambda: ao(x), x.double(), ao_w64)
+    except ImportError:
+        pass
+    rows = []
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        fused(x)  # compiles this shape once: timed apart from the product
+        compile_s = time.perf_counter() - t0
+        times, _ = time_alternating({name: fn for name, (fn, _, _) in kernels.items()},
+                                    max(repeats, 5) * 4)
+        for name, (fn, x64, w64) in kernels.items():
+            ref = x64 @ w64.t()  # (1, N)
+            err = float((fn().double() - ref).abs().max() / ref.abs().max())
+            rows.append({"kernel": name, "shape": [n, k], "threads": torch.get_num_threads(),
+                         "median_ms": 1000 * statistics.median(times[name]),
+                         "max_rel_error": err,
+                         **({"compile_s": compile_s} if name == fused_name else {})})
+    return rows
+
+
+# -- report -----------------------------------------------------------------------------------
+def print_report(result: dict[str, Any]) -> None:
+    print(f"torch {torch.__version__}; median of {result['repeats']} alternating repeats after "
+          "a warm-up; absolute times on a shared machine are noise, ratios are the figures")
+    for kr in result["kernels"]:
+        print(f"  kernel {kr['kernel']:<36} {kr['threads']}T {kr['shape']} "
+              f"{kr['median_ms']:8.3f} ms  rel. err {kr['max_rel_error']:.1e}"
+              + (f"  (compiled in {kr['compile_s']:.1f} s)" if "compile_s" in kr else ""))
+    header = (f"{'case':<9} {'thr':>3} {'contender':<36} {'tok/s':>8} {'ms/tok':>8} "
+              f"{'MB/tok':>7} {'floor ms':>8} {'% floor':>7} {'vs HF':>6} {'agree':>6}")
+    print(header)
+    print("-" * len(header))
+    for r in result["rows"]:
+        vs_hf = "" if r["vs_hf"] is None else f"{r['vs_hf']:.2f}x"
+        print(f"{r['case']:<9} {r['threads']:>3} {r['contender']:<36} {r['tokens_per_s']:>8.0f} "
+              f"{r['ms_per_token']:>8.3f} {r['mb_per_token']:>7.1f} "
+              f"{r['floor_ms_per_token']:>8.3f} {100 * r['fraction_of_floor']:>6.0f}% "
+              f"{vs_hf:>6} " + ("" if r["agreement_with_fp32"] is None
+                                else f"{100 * r['agreement_with_fp32']:>5.0f}%"))
+    for b in result["bandwidth"]:
+        print(f"memory bandwidth, {b['threads']} thread(s): {b['gb_per_s']:.1f} GB/s "
+              f"(sum of a {b['megabytes']} MB float32 tensor)")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, few repeats")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "both"], default="float32")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads for every contender (default 1)")
+    parser.add_argument("--threads", type=int, nargs="+", default=None,
+                        help="torch intra-op thread counts, each a full pass (default: 1 2; "
+                        "quick: 1)")
     parser.add_argument("--cases", nargs="+", default=None,
                         help=f"subset of the cases to run: {', '.join(CASES)}")
+    parser.add_argument("--no-kernels", action="store_true",
+                        help="skip the single-matrix kernel rows")
     parser.add_argument("--out", type=Path,
                         default=Path("benchmarks/results/generation_speed.json"))
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     cases = QUICK_CASES if args.quick else CASES
     if args.cases:
         unknown = sorted(set(args.cases) - set(cases))
         if unknown:
             parser.error(f"unknown case(s) {unknown}; expected some of {list(cases)}")
         cases = {name: cases[name] for name in args.cases}
-    repeats = args.repeats or (2 if args.quick else 5)
-    dtypes = {"float32": [torch.float32], "bfloat16": [torch.bfloat16],
-              "both": [torch.float32, torch.bfloat16]}[args.dtype]
-    rows = [row for dtype in dtypes for name, case in cases.items()
-            for row in run_case(name, case, repeats, dtype)]
-
-    header = (f"{'case':<9} {'dtype':<9} {'contender':<40} {'tok/s':>9} {'ms/tok':>8} "
-              f"{'min–max s':>15} {'% of floor':>10}")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), "
-          f"median of {repeats} alternating repeats after a warm-up")
-    print(header)
-    print("-" * len(header))
-    for r in rows:
-        print(f"{r['case']:<9} {r['dtype']:<9} {r['contender']:<40} {r['tokens_per_s']:>9.0f} "
-              f"{r['ms_per_token']:>8.3f} {r['min_s']:>7.3f}–{r['max_s']:<7.3f} "
-              f"{100 * r['fraction_of_floor']:>9.0f}%")
-    print()
-    for name in cases:
-        for dtype in dtypes:
-            d = str(dtype).removeprefix("torch.")
-            by = {r["contender"]: r for r in rows if r["case"] == name and r["dtype"] == d}
-            cache = by["handformer (cache)"]["median_s"]
-            ratio = by["handformer (no cache)"]["median_s"] / cache
-            line = f"{name} {d}: cache vs no cache {ratio:.1f}x"
-            hf = by.get("HF GPT2LMHeadModel (cache)")
-            if hf is not None:
-                line += f", handformer vs HF {hf['median_s'] / cache:.2f}x"
-            print(line)
+    if args.threads is not None and any(t < 1 for t in args.threads):
+        parser.error(f"--threads must be positive; got {args.threads}")
+    threads = args.threads or ([1] if args.quick else [1, 2])
+    repeats = args.repeats or (2 if args.quick else 3)
+    before = torch.get_num_threads()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"repeats": repeats, "threads": torch.get_num_threads(),
-                                    "rows": rows}, indent=2))
+    result: dict[str, Any] = {"repeats": repeats, "prompt": PROMPT, "bandwidth": [],
+                              "kernels": [], "rows": []}
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            megabytes = 64 if args.quick else 512
+            bandwidth = measure_bandwidth(5, megabytes)
+            result["bandwidth"].append({"threads": t, "gb_per_s": bandwidth / 1e9,
+                                        "megabytes": megabytes})
+            if not args.no_kernels:
+                result["kernels"] += kernel_rows(QUICK_KERNEL_SHAPE if args.quick
+                                                 else KERNEL_SHAPE, repeats)
+            for name, case in cases.items():
+                print(f"[{t} thread(s)] {name} …", flush=True)
+                result["rows"] += run_case(name, case, repeats, bandwidth)
+                args.out.write_text(json.dumps(result, indent=2))  # a long run keeps its rows
+    finally:
+        torch.set_num_threads(before)
+    print_report(result)
+    args.out.write_text(json.dumps(result, indent=2))
     print(f"\nwrote {args.out}")
-
     return 0
 
 

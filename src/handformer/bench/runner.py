@@ -82,7 +82,7 @@ def draw_chart(merged: dict[str, Any], path: Path) -> None:
             ax.set_xlabel("MB/s (higher is better)")
         elif name == "generation":
             rows = [r for r in data["rows"] if "floor" not in r["contender"]]
-            ax.barh([f"{r['case']} {r['contender']}" for r in rows],
+            ax.barh([f"{r['case']} {r.get('threads', 1)}T {r['contender']}" for r in rows],
                     [r["tokens_per_s"] for r in rows])
             ax.set_xlabel("tokens/s, batch 1 (higher is better)")
         elif name == "onnx":

@@ -1,7 +1,8 @@
-"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders, and a run →
-one ONNX file. A destination folder is new, empty, or one the same direction wrote before;
-anything else is refused unless ``--overwrite`` (``handformer.interop.hf_folder``); an ONNX
-file likewise (``handformer.interop.onnx_export``)."""
+"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders, a run → one
+ONNX file, and a run folder → its int8 copy (``--quantize int8``). A destination folder is new,
+empty, or one the same direction wrote before; anything else is refused unless ``--overwrite``
+(``handformer.interop.hf_folder``, ``handformer.runs.quantized``); an ONNX file likewise
+(``handformer.interop.onnx_export``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def register(sub: Any) -> None:
                            help="run folder → transformers folder (hf) or one .onnx file")
     direction.add_argument("--from", dest="from_", choices=["hf"],
                            help="transformers folder → run folder")
+    direction.add_argument("--quantize", choices=["int8"],
+                           help="run folder → run folder with int8 weights and their scales "
+                           "(loads without quantizing again)")
     conv.add_argument("src", type=folder_arg, help="the folder to read")
     conv.add_argument("dst", type=folder_arg,
                       help="the folder (or, with --to onnx, the .onnx file) to write: new, "
@@ -47,6 +51,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
 
+    if args.quantize is not None:
+        from handformer.runs.quantized import write_quantized_run
+
+        out = write_quantized_run(args.src, args.dst, overwrite=args.overwrite)
+        print(f"wrote int8 run folder {out} (try: handformer generate --run {out})")
+        return 0
     if args.to == "hf":
         out = export_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
         print(f"wrote {out} (load it with transformers: pipeline('text-generation', "

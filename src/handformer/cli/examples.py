@@ -39,6 +39,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer generate --run runs/default --top-p 0.9 --repetition-penalty 1.2 --seed 0",
         "handformer generate --run runs/medium --draft runs/medium-draft --speculate 4 "
         "--temperature 0",
+        "handformer generate --run runs/default --temperature 0 --quantize int8   # int8 weights",
     ),
     "classify": (
         "handformer classify train                        # built-in balanced-brackets task",
@@ -82,6 +83,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer convert --from hf some/gpt2-folder runs/imported",
         "handformer convert --to onnx runs/default out/lm.onnx           # ids → logits",
         "handformer convert --to onnx --with-cache runs/default out/lm-cached.onnx",
+        "handformer convert --quantize int8 runs/default runs/default-int8   # int8 run folder",
     ),
     "bench": (
         "handformer bench --quick                         # all benchmarks, tiny sizes",

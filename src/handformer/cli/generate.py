@@ -64,6 +64,10 @@ def register(sub: Any) -> None:
     gen.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                      help="cast the model for inference (bfloat16: half the weight traffic; "
                      "logits differ from float32 in the 2nd–3rd digit)")
+    gen.add_argument("--quantize", choices=["int8"], default=None,
+                     help="int8 weights (one float scale per output channel; activations "
+                     "stay float): a quarter of float32's bytes to read per token. The "
+                     "first run compiles the int8 kernel (seconds, said on stderr)")
     # warnings (unknown characters, a prompt cropped to the window) as plain lines
     gen.set_defaults(handler=reporting("generate", run_generate))
 
@@ -87,6 +91,20 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
 
         warnings.warn(f"{len(unknown)} character(s) not in the model's vocabulary are read "
                       f"as <unk>: {''.join(unknown[:20])!r}", DataWarning, stacklevel=2)
+
+
+def _quantized(model: Any) -> Any:
+    """The model with int8 weights (as it is if its run folder holds them already), its
+    kernel compiled before the first token, saying on stderr what that cost."""
+    from handformer.models.quantize import is_quantized, quantize_int8, warm_up_int8
+
+    if not is_quantized(model):
+        model = quantize_int8(model, inplace=True)
+    print("int8: compiling the fused kernel for this model's layer shapes (once per process; "
+          "later runs reuse torch's on-disk cache)...", file=sys.stderr, flush=True)
+    seconds, note = warm_up_int8(model)
+    print(f"int8: {note or f'ready in {seconds:.1f} s'}", file=sys.stderr, flush=True)
+    return model
 
 
 def _check_options(args: argparse.Namespace) -> None:
@@ -124,6 +142,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
         model = model.to(getattr(torch, args.dtype))
         draft = None if draft is None else draft.to(getattr(torch, args.dtype))
+    if args.quantize is not None:
+        model = _quantized(model)
     sampling: dict[str, Any] = dict(temperature=args.temperature, top_k=args.top_k,
                                     top_p=args.top_p, seed=args.seed)
     stats = SpeculationStats()

@@ -12,6 +12,12 @@ What a folder holds is said by the one key of ``config.json`` that names its mod
 ``EncoderClassifier``, ``handformer classify train``) or ``"seq2seq"`` (an
 ``EncoderDecoder``, ``handformer seq2seq train``). ``load_run`` reads that key, rebuilds the
 model from its config and loads the weights strictly; nothing is unpickled.
+
+A language model quantized to int8 (``models.quantize``; ``handformer convert --quantize
+int8``) is saved like any other: ``model.safetensors`` then holds each quantized layer's int8
+``qweight`` and float ``scale`` in place of its ``weight``, and ``config.json`` records which
+layers under ``"quantization"``. ``load_run`` rebuilds that layout before loading, so the
+stored int8 weights load as they are, without quantizing again.
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig, Trai
 from handformer.data.classification import DatasetError, LabelVocab
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.encoder import EncoderClassifier
+from handformer.models.quantize import (
+    QUANTIZATION_KEY,
+    QuantizationError,
+    apply_int8_layout,
+    quantization_info,
+)
 from handformer.models.seq2seq import EncoderDecoder
 from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
 from handformer.runs.files import (
@@ -98,6 +110,10 @@ def save_run(
     config = {key: model.config.to_dict(),  # type: ignore[operator]
               "train": None if train_config is None else train_config.to_dict(),
               **(extra or {})}
+    config.pop(QUANTIZATION_KEY, None)  # what the model holds is recorded, nothing else
+    quantized = quantization_info(model)
+    if quantized is not None:
+        config[QUANTIZATION_KEY] = quantized
     save_weights(model, run_dir / WEIGHTS)
     write_json(run_dir / CONFIG, config)
     tokenizer.save(run_dir / TOKENIZER)
@@ -122,6 +138,16 @@ def _build(kind: RunKind, model_config: dict[str, Any]) -> nn.Module:
     if kind == "classifier":
         return EncoderClassifier(ClassifierConfig.from_dict(model_config))
     return EncoderDecoder(Seq2SeqConfig.from_dict(model_config))
+
+
+def _quantized_layout(model: nn.Module, config: dict[str, Any], path: Path) -> None:
+    """Give ``model`` the int8 layers ``config.json`` records, if any (in place)."""
+    if QUANTIZATION_KEY not in config:
+        return
+    try:
+        apply_int8_layout(model, config[QUANTIZATION_KEY])
+    except QuantizationError as err:
+        raise RunFolderError(f"{path}: {err}") from None
 
 
 def load_run(run_dir: str | Path, *, device: str = "cpu",
@@ -150,6 +176,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
     except (KeyError, TypeError, ValueError) as err:
         raise RunFolderError(f"{run_dir / CONFIG}: cannot rebuild the model from {key!r} "
                              f"({type(err).__name__}: {err})") from None
+    _quantized_layout(skeleton, config, run_dir / CONFIG)
     try:
         tokenizer = load_tokenizer(run_dir / TOKENIZER)
     except (KeyError, TypeError, ValueError, OSError) as err:
@@ -169,5 +196,6 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
                                  f"model has {classes} classes")
     check_weights_fit(skeleton, run_dir / WEIGHTS, run_dir / CONFIG)
     model = _build(found, config[key])
+    _quantized_layout(model, config, run_dir / CONFIG)
     load_weights(model, run_dir / WEIGHTS, device=device)
     return Run(run_dir, found, model.to(device).eval(), tokenizer, config, labels)

@@ -10,7 +10,8 @@ which may live on the ``meta`` device (built from a config without allocating a 
 * every tensor the module needs is stored (tied weights — ``tie_weights`` — are stored once,
   under any one of their names) and nothing else is;
 * every stored tensor has the module's shape, and a floating dtype where the module holds
-  floats (fp16/bf16 files load into fp32 modules; integers and booleans never do).
+  floats (fp16/bf16 files load into fp32 modules; integers and booleans never do), and
+  exactly the integer dtype where it holds integers (int8 quantized weights: I64 would wrap).
 
 Errors name the file, the tensor, what was expected and what was found, and — given the
 config's integer fields — which field the differing size is (``vocab_size=37?``).
@@ -22,6 +23,7 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
 from safetensors import safe_open
 from torch import Tensor, nn
 
@@ -30,6 +32,10 @@ __all__ = ["TensorFileError", "check_tensor_file", "read_header"]
 # safetensors' dtype names that hold floating-point values
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ",
                  "F8_E5M2FNUZ", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4"}
+# safetensors' names of the integer dtypes a module may hold (int8 quantized weights):
+# those must match exactly, since copying I64 into I8 wraps values silently.
+_INT_DTYPES = {torch.int8: "I8", torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32",
+               torch.int64: "I64", torch.bool: "BOOL"}
 _LAYER = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 
 
@@ -128,6 +134,6 @@ def check_tensor_file(module: nn.Module, path: str | Path, *,
                 path, f"tensor {name!r} holds {dtype} values where a floating-point "
                 f"weight ({str(want.dtype).removeprefix('torch.')}) belongs; casting them "
                 "would load garbage weights")
-        if not want.is_floating_point() and dtype in _FLOAT_DTYPES:
+        if not want.is_floating_point() and dtype != _INT_DTYPES.get(want.dtype, dtype):
             raise TensorFileError(path, f"tensor {name!r} holds {dtype} values where "
                                         f"{want.dtype} belongs")

@@ -1,0 +1,342 @@
+"""Weight-only int8: a linear layer that stores its weight in a quarter of fp32's bytes.
+
+Why: at batch 1 a decoding step multiplies one vector by every weight matrix, so its time is
+the time to *read* the weights from memory, not to multiply them. Storing each weight in
+one byte instead of four cuts that read by 4×; the activations stay floating point.
+
+The scheme, per output channel (row ``n`` of the (N, K) weight), symmetric::
+
+    scale[n] = max_k |W[n, k]| / 127            (fp32; a zero row keeps a tiny scale)
+    Q[n, k]  = round(W[n, k] / scale[n])        (int8 in [-127, 127])
+    W[n, k] ≈ Q[n, k] · scale[n]                (error ≤ scale[n] / 2 per entry)
+
+and since ``scale`` is per output, it factors out of the product:
+``y[m, n] = scale[n] · Σ_k x[m, k] · Q[n, k] + bias[n]``.
+
+Two kernels compute that sum, one chosen by measurement (``bench.generation_speed``):
+
+* ``fused``: ``torch.compile`` of the sum written as "convert each int8 on load, multiply,
+  reduce" — inductor emits one loop that streams the int8 weight once and never builds a
+  float copy. It is ~5× faster than fp32 on a weight too large for the caches, where the
+  stock ``torch._weight_int8pack_mm`` is ~4× *slower* than fp32 on this CPU. It serves a few
+  rows at a time (decoding: B rows of one token), the bandwidth-bound case, outside
+  autograd. Each input shape is compiled once per process, on first use — about a second
+  each, a few seconds per model; ``compile_seconds`` says how many. Without a working
+  compiler it falls back, once, with a warning.
+* ``dequantized``: ``F.linear(x, Q.to(x.dtype)) · scale`` — a float copy of ``Q`` per call,
+  then the ordinary matmul. For many rows (a prompt, a validation batch) the copy is paid
+  once for all of them; it is also the path that autograd (gradients to ``x``) goes through.
+
+Shape legend: ``M`` rows (every leading dim of ``x`` flattened), ``K`` in features, ``N`` out
+features.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["FUSED_MAX_ROWS", "INT8_MAX", "Int8Kernel", "Int8Linear", "compile_seconds",
+           "dequantize_weight", "fused_kernel_status", "quantize_weight"]
+
+INT8_MAX = 127  # symmetric: -128 is never used, so Q and -Q are both representable
+# A decoding step of up to this many rows (one new token each) runs the fused kernel; more
+# rows, or a sequence (a prompt, a training batch), dequantize once for all rows: the fused
+# loop re-reads the weight per row (measured on a 1536 × 384 weight: 64 rows cost ~28× one
+# row, against ~20× for fp32's matmul), and each new row count would be another compilation.
+FUSED_MAX_ROWS = 8
+# A row whose largest |w| / 127 underflows float32 gets the smallest positive float32 as its
+# scale, so Q = round(w / scale) stays finite (and within ±127: see quantize_weight).
+_TINY_SCALE = torch.finfo(torch.float32).smallest_normal * 2.0**-23  # 1.4e-45, subnormal
+
+Int8Kernel = Literal["auto", "fused", "dequantized"]
+KERNELS: tuple[str, ...] = ("auto", "fused", "dequantized")
+
+
+def quantize_weight(weight: Tensor, name: str = "weight") -> tuple[Tensor, Tensor]:
+    """A float weight (N, K) → (int8 Q (N, K), fp32 scale (N,)), symmetric per output row.
+
+    Every entry satisfies ``|W - Q·scale| ≤ scale / 2`` (up to float32 rounding), with
+    ``scale = max|W[n]| / 127``. A zero row gives Q = 0 exactly. ``ValueError`` (naming
+    ``name``) for a weight that is not 2-D floating point or holds NaN or ±inf — int8 has no
+    such values, and a silent 0 or ±127 in their place would hide a damaged model.
+    """
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"{name}: expected a 2-D floating-point weight (N, K); got "
+                         f"{tuple(weight.shape)} {weight.dtype}")
+    w = weight.detach().float()  # (N, K)
+    finite = torch.isfinite(w)
+    if not bool(finite.all()):
+        bad_rows = (~finite).any(dim=1).nonzero().flatten().tolist()
+        raise ValueError(f"{name}: cannot quantize a weight holding {int(w.isnan().sum())} NaN "
+                         f"and {int(w.isinf().sum())} infinite value(s) (rows "
+                         f"{bad_rows[:5]}{'…' if len(bad_rows) > 5 else ''}); the model is "
+                         "damaged — `handformer doctor --run DIR` checks a run")
+    amax = w.abs().amax(dim=1)  # (N,)
+    scale = (amax / INT8_MAX).clamp_min(_TINY_SCALE)  # (N,)
+    # Never below max|w| / 127: a scale rounded down (subnormal ones lose digits) would push
+    # the largest entry past 127, and clamping it would break the half-step bound.
+    low = scale.double() * INT8_MAX < amax.double()  # (N,)
+    scale = torch.where(low, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
+    q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (N, K)
+    return q, scale
+
+
+def dequantize_weight(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """int8 Q (N, K) and scale (N,) → the float weight (N, K) they stand for."""
+    return q.to(dtype) * scale.to(dtype)[:, None]  # (N, K)
+
+
+# -- the kernels ------------------------------------------------------------------------------
+def _fused_sum(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """x (M, K) float, q (N, K) int8, scale (N,) → (M, N). Written as a broadcast so that
+    inductor fuses the int8 → float conversion into the reduction (eager would build
+    (M, N, K): only ever run compiled)."""
+    return (x[:, None, :] * q.to(x.dtype)).sum(dim=-1) * scale.to(x.dtype)  # (M, N)
+
+
+def _fused_sum_bias(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor) -> Tensor:
+    """``_fused_sum`` plus the bias (N,), in the same loop."""
+    return _fused_sum(x, q, scale) + bias.to(x.dtype)  # (M, N)
+
+
+def _dequantized(x: Tensor, q: Tensor, scale: Tensor) -> Tensor:
+    """x (..., K) → (..., N): one float copy of q, the ordinary matmul, the scale after."""
+    return F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)  # (..., N)
+
+
+_Key = tuple[object, ...]
+
+
+def _inductor_compile(graph: torch.fx.GraphModule,
+                      examples: list[Tensor]) -> Callable[..., Tensor]:
+    """``graph`` compiled by inductor, called as ``f(*inputs) -> Tensor``.
+
+    ``torch._inductor.compile`` wraps the generated code in autograd's runtime wrappers
+    (grad-mode and alias bookkeeping, ~10 µs a call here, as long as the product itself at
+    decoding sizes). Nothing of that applies to this graph: inputs never require grad on this
+    path and nothing aliases. So the inner compiler's output is kept and its generated
+    ``call`` used directly — it still checks every input's size and stride. Where that
+    output is not what this torch version returns, the public wrapper is used instead.
+    """
+    from torch._inductor import compile_fx
+
+    inner: list[Any] = []
+
+    def keep_inner(*args: Any, **kwargs: Any) -> Any:
+        out = compile_fx.compile_fx_inner(*args, **kwargs)
+        inner.append(out)
+        return out
+
+    public = compile_fx.compile_fx(graph, examples, inner_compile=keep_inner)
+    runner = getattr(inner[0], "current_callable", None) if len(inner) == 1 else None
+    if runner is None or not getattr(inner[0], "_boxed_call", False):
+        return public  # type: ignore[return-value]
+
+    def call(*inputs: Tensor) -> Tensor:
+        return runner(list(inputs))[0]  # boxed: a fresh list, which the callee may empty
+
+    with torch.no_grad():  # the shortcut must give what the wrapper gives, or not be used
+        if not torch.equal(call(*examples), public(*examples)):
+            return public  # type: ignore[return-value]
+    return call
+
+
+class _FusedKernel:
+    """The fused product compiled by inductor, once per input shape, kept for the process.
+
+    Why not ``torch.compile``: its guards and wrappers cost ~35 µs per call here, more than
+    the product itself at these sizes (a step makes 4 such calls per layer). Tracing the
+    function to a graph (``make_fx``) and compiling that with inductor (``_inductor_compile``)
+    gives the same generated loop behind a few µs of call overhead — but no guards, so each
+    compiled graph is only ever called with the exact shapes, dtypes and layout it was
+    compiled for (the key below), which is why each shape compiles once. Inductor's on-disk
+    cache makes later processes compile in a fraction of the time.
+    """
+
+    def __init__(self) -> None:
+        self._compiled: dict[_Key, Callable[..., Tensor]] = {}
+        self.broken: str | None = None
+        self.seconds = 0.0  # spent compiling, all shapes together
+        self._lock = threading.Lock()
+
+    def _compile(self, key: _Key, args: tuple[Tensor, ...]) -> Callable[..., Tensor] | None:
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        t0 = time.perf_counter()
+        try:
+            fn = _fused_sum if len(args) == 3 else _fused_sum_bias
+            examples = [a.detach().clone() for a in args]  # plain tensors, outside any mode
+            with torch.inference_mode(False), torch.no_grad():
+                compiled = _inductor_compile(make_fx(fn)(*examples), examples)
+        except Exception as err:  # no C++ compiler, unsupported platform, …: many types
+            text = str(err).strip()
+            self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+            warnings.warn(f"int8: the fused kernel cannot be compiled here ({self.broken}); "
+                          "using the dequantize-then-matmul kernel instead (correct, but "
+                          "slower than float32 at batch 1: int8 then saves memory, not time)",
+                          RuntimeWarning, stacklevel=5)
+            return None
+        self.seconds += time.perf_counter() - t0
+        self._compiled[key] = compiled
+        return compiled
+
+    def kernel_for(self, *args: Tensor) -> Callable[..., Tensor] | None:
+        """The compiled product for exactly these inputs' shapes, dtypes, strides and device
+        — (x (M, K), q (N, K), scale (N,)[, bias (N,)]) — compiling it on first request; None
+        when compiling is impossible here (the caller falls back to the dequantized kernel)."""
+        if self.broken is not None:
+            return None
+        key = tuple((a.shape, a.stride(), a.dtype, a.device) for a in args)
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            with self._lock:
+                compiled = self._compiled.get(key) or self._compile(key, args)
+        return compiled
+
+    def shapes(self) -> int:
+        """How many input shapes have been compiled so far."""
+        return len(self._compiled)
+
+
+_FUSED = _FusedKernel()
+
+
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling the fused int8 kernel, all shapes together
+    (0 before first use; inductor's on-disk cache makes later processes faster)."""
+    return _FUSED.seconds
+
+
+def fused_kernel_status() -> str | None:
+    """Why the fused kernel is unavailable in this process, or None (not yet tried, or works)."""
+    return _FUSED.broken
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with an int8 weight and a float scale per output feature.
+
+    ``forward(x (..., K)) -> (..., N)``, like ``nn.Linear``; ``x`` may be float32 or
+    bfloat16 (the scale and bias follow ``.to(dtype)``; the int8 weight never changes).
+    Stored tensors: ``qweight`` int8 (N, K) and ``scale`` (N,) as buffers (they are not
+    trained), ``bias`` (N,) as a parameter. ``weight`` gives the dequantized float weight,
+    so code that reads a linear layer's weight (the doctor's attention checks, cross-
+    attention's slices) still works. Build one with ``Int8Linear.from_linear(linear)``.
+
+    ``kernel``: ``"auto"`` (fused for a decoding step — one position, up to
+    ``FUSED_MAX_ROWS`` rows, padded to 1, 2, 4 or 8 — dequantized for a sequence or more
+    rows), ``"fused"`` or ``"dequantized"`` (always that one; for tests and benchmarks).
+    Whatever autograd must differentiate (training, ``x.requires_grad``) is dequantized.
+    ``ValueError`` for an input whose last dim is not K.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype = torch.float32, kernel: Int8Kernel = "auto") -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNELS}")
+        self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
+        self._kernels: dict[tuple[object, ...], Callable[..., Tensor]] = {}
+        self.register_buffer("qweight", torch.zeros(out_features, in_features,
+                                                    dtype=torch.int8, device=device))
+        self.register_buffer("scale", torch.ones(out_features, dtype=dtype, device=device))
+        self.bias = (nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device))
+                     if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, name: str = "weight",
+                    kernel: Int8Kernel = "auto") -> Int8Linear:
+        """Quantize ``linear``'s weight (see ``quantize_weight``; ``name`` goes in its errors);
+        the bias is copied as it is."""
+        q, scale = quantize_weight(linear.weight, name)
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
+                    device=linear.weight.device, kernel=kernel)
+        with torch.no_grad():
+            layer.qweight.copy_(q)
+            layer.scale.copy_(scale)
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias.float())  # type: ignore[union-attr]
+        dtype = linear.weight.dtype
+        return layer.to(dtype) if dtype != torch.float32 else layer
+
+    @property
+    def weight(self) -> Tensor:
+        """The dequantized weight (N, K), in the scale's dtype (a new tensor each time)."""
+        return dequantize_weight(self.qweight, self.scale, self.scale.dtype)
+
+    def _fused_rows(self, x: Tensor) -> int:
+        """How many rows to hand the fused kernel (a power of two ≥ the input's rows, so a
+        layer compiles at most four variants), or 0 for the dequantized kernel."""
+        if torch.is_grad_enabled() and (x.requires_grad or (
+                self.bias is not None and self.bias.requires_grad)):
+            return 0  # the compiled graph has no backward: autograd goes the other way
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if rows == 0 or self.kernel == "dequantized":
+            return 0
+        if self.kernel == "auto" and (rows > FUSED_MAX_ROWS or (x.dim() > 2 and x.shape[-2] > 1)):
+            return 0  # a sequence (a prompt, a training batch): one float copy serves all
+        return 1 << (rows - 1).bit_length()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x (..., K) → (..., N)."""
+        k = self.in_features
+        if x.dim() == 0 or x.shape[-1] != k:
+            raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
+        padded = self._fused_rows(x)
+        if padded:
+            out = self._fused_forward(x, padded)
+            if out is not None:  # None: it cannot compile here (warned once)
+                return out
+        out = _dequantized(x, self.qweight, self.scale)  # (..., N)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def _fused_forward(self, x: Tensor, padded: int) -> Tensor | None:
+        """x (..., K) with at most ``padded`` rows → (..., N) through the fused kernel."""
+        k, n = self.in_features, self.out_features
+        rows = x.numel() // k
+        flat = x.reshape(rows, k)  # (M, K)
+        if padded > rows:  # zero rows up to the compiled size, dropped after
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, k)])
+        elif not flat.is_contiguous():
+            flat = flat.contiguous()
+        args = (flat, self.qweight, self.scale) if self.bias is None else \
+            (flat, self.qweight, self.scale, self.bias)
+        # This layer's own index of the shared compiled kernels: a step looks up one small
+        # key instead of describing every input (µs a call at batch 1). Its tensors' dtypes
+        # and device are fixed between two ``_apply``s (``.to()``), which empty the index.
+        key = (padded, x.dtype)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = _FUSED.kernel_for(*args)
+            if kernel is None:
+                return None
+            self._kernels[key] = kernel
+        out = kernel(*args)  # (M', N)
+        if padded > rows:
+            out = out[:rows]
+        return out.view(*x.shape[:-1], n)  # (..., N)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (``torch.save(model)``) without the compiled kernels: they are found again
+        on first use."""
+        state = super().__getstate__()  # type: ignore[misc]
+        return {**state, "_kernels": {}}
+
+    def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Int8Linear:
+        """``.to()``, ``.cuda()``, …: the tensors change, so forget the kernels found for them."""
+        self._kernels = {}
+        return super()._apply(fn, *args, **kwargs)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, weight=int8 per-output-channel, "
+                f"kernel={self.kernel}")

@@ -1,0 +1,50 @@
+"""The int8 benchmarks' own arithmetic: the bytes a decoding step reads (each row's floor)
+and the quality measures (validation loss, greedy agreement)."""
+
+from __future__ import annotations
+
+import torch
+
+from handformer.bench.generation_speed import step_bytes
+from handformer.bench.int8_quality import (
+    greedy_agreement,
+    next_token_agreement,
+    validation_loss,
+)
+from handformer.loss import lm_loss
+from handformer.models.decoder_lm import DecoderLM
+from handformer.models.quantize import quantize_int8
+from tests.conftest import tiny_config
+
+
+def test_step_bytes_counts_weights_once_a_row_of_embeddings_and_the_cache() -> None:
+    cfg = tiny_config(positional="learned", n_kv_heads=2)  # V=37, C=32, 2 layers, max_len 16
+    model = DecoderLM(cfg)
+    c, v, f, layers, kv_width = 32, 37, 128, 2, 2 * 2 * 8
+    per_layer = (c * (c + kv_width) + (c + kv_width)) + (c * c + c) + (c * f + f) + \
+        (f * c + c) + 2 * (2 * c)  # in_proj, out_proj, fc_in, fc_out, two LayerNorms
+    weights = layers * per_layer + 2 * c + v * c + c  # final norm, tied head, a position row
+    assert step_bytes(model, 0, torch.float32) == 4 * weights
+    assert step_bytes(model, 10, torch.float32) == 4 * weights + 4 * layers * kv_width * 10
+    # int8: a byte per weight and a float scale per row; the float embedding reads one row.
+    int8 = step_bytes(quantize_int8(model), 0, torch.float32)
+    assert int8 < 0.35 * step_bytes(model, 0, torch.float32)
+
+
+def test_validation_loss_is_the_mean_over_every_window() -> None:
+    model = DecoderLM(tiny_config()).eval()
+    ids = torch.randint(0, 37, (3 * 8 + 1,))
+    windows = ids.unfold(0, 9, 8)  # (3, 9)
+    with torch.no_grad():
+        want = float(lm_loss(model(windows[:, :-1]), windows[:, 1:]))
+    assert abs(validation_loss(model, ids, 8, batch=2) - want) < 1e-5
+
+
+def test_agreement_measures() -> None:
+    a = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    b = torch.tensor([[1, 2, 3, 9, 5, 6]])
+    assert greedy_agreement(a, a, 2) == (1.0, 4)
+    assert greedy_agreement(a, b, 2) == (0.75, 1)
+    model = DecoderLM(tiny_config()).eval()
+    seq = torch.randint(0, 37, (1, 12))
+    assert next_token_agreement(model, model, seq, 4, 16) == 1.0

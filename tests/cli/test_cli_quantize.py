@@ -1,0 +1,81 @@
+"""``handformer generate --quantize int8`` and ``handformer convert --quantize int8``,
+in-process through ``handformer.cli.main``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from handformer.cli import main
+from handformer.config import ClassifierConfig
+from handformer.data.classification import LabelVocab
+from handformer.models.decoder_lm import DecoderLM
+from handformer.models.encoder import EncoderClassifier
+from handformer.runs import load_run, save_run
+from handformer.tokenizers import CharTokenizer
+from tests.conftest import tiny_config
+
+TOK = CharTokenizer.from_text("abcdefgh \n")
+
+
+def lm_run(path: Path) -> Path:
+    save_run(path, DecoderLM(tiny_config(vocab_size=TOK.vocab_size, max_len=32)), TOK)
+    return path
+
+
+def generate(run: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(["generate", "--run", str(run), "--prompt", "ab", "--max-new-tokens", "6",
+                 "--temperature", "0", *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.slow  # compiles the fused int8 kernel: ~10-20 s on a busy 2-core machine
+def test_quantize_at_load_and_a_converted_int8_run_generate_alike(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = lm_run(tmp_path / "run")
+    code, on_the_fly, err = generate(run, capsys, "--quantize", "int8")
+    assert code == 0, err
+    assert on_the_fly.startswith("ab") and "int8: ready in" in err
+    assert main(["convert", "--quantize", "int8", str(run), str(tmp_path / "int8")]) == 0
+    assert "wrote int8 run folder" in capsys.readouterr().out
+    # The converted folder is int8 already: no --quantize needed, the same tokens.
+    code, converted, err = generate(tmp_path / "int8", capsys)
+    assert code == 0, err
+    assert converted == on_the_fly
+    code, again, err = generate(tmp_path / "int8", capsys, "--quantize", "int8")
+    assert code == 0 and again == on_the_fly, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--run", "RUN", "--quantize", "int4"],
+    ["convert", "--quantize", "int4", "RUN", "OUT"],
+    ["convert", "--quantize", "int8", "--to", "hf", "RUN", "OUT"],
+])
+def test_unknown_schemes_and_two_directions_are_usage_errors(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = lm_run(tmp_path / "run")
+    argv = [str(run) if a == "RUN" else str(tmp_path / "out") if a == "OUT" else a
+            for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'int4'" in err or "not allowed with argument" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_classifier_run_is_refused_by_name(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    model = EncoderClassifier(ClassifierConfig(tiny_config(vocab_size=TOK.vocab_size),
+                                               num_classes=2))
+    save_run(tmp_path / "cls", model, TOK, labels=LabelVocab(["x", "y"]))
+    code, _, err = generate(tmp_path / "cls", capsys, "--quantize", "int8")
+    assert code == 1 and "classifier run" in err
+    assert main(["convert", "--quantize", "int8", str(tmp_path / "cls"),
+                 str(tmp_path / "out")]) == 1
+    assert "classifier run" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert not load_run(tmp_path / "cls").config.get("quantization")
