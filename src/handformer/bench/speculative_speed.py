@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from handformer.bench.generation_speed import time_alternating
 from handformer.config import ModelConfig
 from handformer.generate import SpeculationStats, generate, speculative_generate
 from handformer.models.decoder_lm import DecoderLM
@@ -64,19 +65,6 @@ class Pair:
     def __init__(self, name: str, target: nn.Module, draft: nn.Module,
                  prompts: list[list[int]]) -> None:
         self.name, self.target, self.draft, self.prompts = name, target, draft, prompts
-
-
-def _time_alternating(fns: dict[str, Callable[[], Any]], repeats: int
-                      ) -> tuple[dict[str, list[float]], dict[str, Any]]:
-    """Warm-up, then ``repeats`` rounds running every contender once in turn."""
-    results = {name: fn() for name, fn in fns.items()}  # warm-up; keeps the outputs
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return times, results
 
 
 def verify_ratio(model: nn.Module, k: int, context: int = 32, reps: int = 60) -> float:
@@ -126,7 +114,7 @@ def measure_pair(pair: Pair, ks: list[int], new_tokens: int, repeats: int,
             fns[f"{prefix}target + draft, K={k}"] = speculative(model, k,
                                                                f"{prefix}target + draft, K={k}")
     fns["draft alone"] = alone(pair.draft)
-    times, outputs = _time_alternating(fns, repeats)
+    times, outputs = time_alternating(fns, repeats)
     draft_s = statistics.median(times["draft alone"])
     total = new_tokens * len(prompts)
     rows = []

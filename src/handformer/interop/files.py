@@ -21,12 +21,13 @@ from handformer.interop.gpt2 import ConversionError
 __all__ = ["read_config", "read_weights"]
 
 
-def read_config(path: Path) -> dict[str, Any]:
-    """The JSON object in ``path`` (a ``config.json``)."""
+def read_config(path: Path, what: str = "the model config") -> dict[str, Any]:
+    """The JSON object in ``path`` (a ``config.json``, or the ``what`` named in errors: e.g.
+    a ``tokenizer.json``); ``ConversionError`` for unreadable text or another type."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConversionError(f"{path}: cannot read the model config ({err})") from None
+        raise ConversionError(f"{path}: cannot read {what} ({err})") from None
     if not isinstance(data, dict):
         raise ConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from handformer.atomic import atomic_write_text
+from handformer.interop.files import read_config
 from handformer.interop.gpt2 import ConversionError
 from handformer.tokenizers import (
     SPECIAL_TOKENS,
@@ -134,13 +135,7 @@ def read_folder_tokenizer(folder: Path) -> Tokenizer:
                 "FOLDER) (a fast tokenizer)" if slow else
                 "save one with tokenizer.save_pretrained(...) from a fast tokenizer")
         raise ConversionError(f"{folder} has no tokenizer.json; a run folder needs one: {hint}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ConversionError(f"{path}: cannot read the tokenizer ({err})") from None
-    if not isinstance(data, dict):
-        raise ConversionError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    char = hf_to_char(data)
+    char = hf_to_char(read_config(path, "the tokenizer"))
     return char if char is not None else _load(path)
 
 
