@@ -47,8 +47,8 @@ class Mutant:
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "rope_q_only", "nn/attention.py",
-        "kv = torch.cat([self.rotary(k, positions), v], dim=1)",
-        "kv = torch.cat([k, v], dim=1)",
+        "k = self.rotary(k, positions)  # type: ignore[misc]",
+        "k = k  # type: ignore[misc]",
         ("tests/nn/test_positional.py",),
         "RoPE rotates the queries but not the keys: relative positions are lost",
     ),
@@ -133,8 +133,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "only_biases_train", "train/optim.py",
-        "        {\"params\": decay, \"weight_decay\": weight_decay},\n",
-        "",
+        "groups = [{\"params\": decay, \"weight_decay\": weight_decay},\n",
+        "groups = [\n",
         ("tests/train/test_trainer_engine.py",),
         "the optimizer drops every weight matrix: only biases and gains train",
     ),
@@ -144,6 +144,28 @@ MUTANTS: tuple[Mutant, ...] = (
         "                pass",
         ("tests/test_capture.py",),
         "the attention capture leaves its wrapper on the model",
+    ),
+    Mutant(
+        "speculation_resamples_from_p", "generate/speculative.py",
+        "residual = (p[:, :k] - draft_probs).clamp(min=0)  # (B, K, V)",
+        "residual = p[:, :k].clone()  # (B, K, V)",
+        ("tests/generate/test_speculative.py",),
+        "a rejected proposal is replaced by a sample of p, not of max(0, p - q): the draft's "
+        "favourites come out too often",
+    ),
+    Mutant(
+        "truncate_keeps_positions", "nn/kv_cache.py",
+        "self.next_position.copy_(kept.sum(dim=1))",
+        "self.next_position.copy_(self.next_position)",
+        ("tests/nn/test_kv_cache.py",),
+        "a rolled-back cache keeps counting positions from the rejected tokens",
+    ),
+    Mutant(
+        "int8_scale_dropped", "nn/quantized.py",
+        "return F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)  # (..., N)",
+        "return F.linear(x, q.to(x.dtype))  # (..., N)",
+        ("tests/nn/test_quantized.py",),
+        "the int8 product forgets the per-channel scale",
     ),
 )
 
