@@ -79,3 +79,19 @@ def test_a_classifier_run_is_refused_by_name(tmp_path: Path,
     assert "classifier run" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert not load_run(tmp_path / "cls").config.get("quantization")
+
+
+def test_convert_quantize_into_someone_elses_folder_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The int8 copy goes through the same folder guard as every writer: another tool's
+    non-empty folder is refused by name (exit 1) and left byte-identical."""
+    run = lm_run(tmp_path / "run")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["convert", "--quantize", "int8", str(run), str(theirs)]) == 1
+    err = capsys.readouterr().err
+    assert "handformer did not write it" in err and "Traceback" not in err
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+    assert (theirs / "notes.txt").read_text(encoding="utf-8") == "mine"

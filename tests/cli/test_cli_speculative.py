@@ -102,3 +102,24 @@ def test_a_missing_or_mismatched_draft_is_refused(runs: dict[str, Path], tmp_pat
 
 def test_the_cli_bound_is_the_librarys() -> None:
     assert CLI_MAX_SPECULATE == MAX_SPECULATE
+
+
+@pytest.mark.parametrize("source", ["missing", "someone_elses"])
+def test_draft_for_a_folder_that_is_no_run_is_refused(
+        source: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--draft-for`` reads a run folder: a missing one or another tool's folder is refused
+    in one line (exit 1) before anything is written, and the other folder is left as it was."""
+    target = tmp_path / source
+    if source == "someone_elses":
+        target.mkdir()
+        (target / "notes.txt").write_text("mine", encoding="utf-8")
+    capsys.readouterr()
+    code = main(["train", "--draft-for", str(target), "--out", str(tmp_path / "d"),
+                 "--max-steps", "2", "--no-progress", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err and str(target) in err
+    assert not (tmp_path / "d").exists()
+    if source == "someone_elses":
+        assert [p.name for p in target.iterdir()] == ["notes.txt"]
+        assert (target / "notes.txt").read_text(encoding="utf-8") == "mine"
