@@ -76,6 +76,22 @@ def test_greedy_equals_plain_greedy_past_the_window(positional: str, speculate: 
             assert stats.acceptance_rate == 1.0
 
 
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_an_int8_target_speculates_to_its_own_plain_greedy(positional: str) -> None:
+    """int8 target + float draft: the verify step's K + 1 rows go through the fused int8
+    kernel together, a single decoding step's one row alone; the output is still the int8
+    target's own greedy output (its rows do not depend on how many share a call)."""
+    from handformer.models.quantize import quantize_int8
+
+    target = quantize_int8(_target(positional))
+    ids = torch.randint(0, 37, (1, 5))
+    want = generate(target, ids, 40, temperature=0)
+    for speculate in (3, 8):
+        got = speculative_generate(target, _noisy_copy(_target(positional), 0.05), ids, 40,
+                                   speculate=speculate, temperature=0)
+        assert torch.equal(got, want), f"{positional}, speculate {speculate}"
+
+
 @pytest.mark.parametrize("n_kv_heads", [2, 1])
 @pytest.mark.parametrize("positional", ["rope", "alibi"])
 def test_greedy_equals_plain_greedy_with_grouped_query_attention(n_kv_heads: int,

@@ -112,6 +112,56 @@ def test_fused_kernel_matches_float64_and_compiles_once_per_shape() -> None:
     assert quantized._FUSED.shapes() - before == 2  # (1, 40) and (3, 40), once each
 
 
+@pytest.mark.parametrize("n, rows", [(64, 5), (33, 2), (48, 20)])
+def test_fused_kernel_streams_and_row_blocks_match_float64(n: int, rows: int) -> None:
+    """The loop's shapes: N = 64 splits into two weight streams, N = 33 cannot; 20 rows
+    (kernel "fused") run as a block of FUSED_MAX_ROWS and one of the rest."""
+    torch.manual_seed(n)
+    layer = Int8Linear.from_linear(torch.nn.Linear(24, n), kernel="fused")
+    x = torch.randn(1, rows, 24)  # a sequence: the positions a speculative step verifies
+    with torch.inference_mode():
+        out = layer(x)
+    assert out.shape == (1, rows, n)
+    torch.testing.assert_close(out.double(), float64_product(layer, x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call() -> None:
+    """Bit for bit: row i alone and row i among 5 or 9 (a speculative verify step) give the
+    same numbers, so verifying proposals in one call cannot change a greedy choice."""
+    torch.manual_seed(4)
+    layer = Int8Linear.from_linear(torch.nn.Linear(96, 64), kernel="fused")
+    x = torch.randn(9, 96)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(9)])  # (9, 64)
+        for rows in (5, 9):
+            assert torch.equal(layer(x[:rows]), alone[:rows])
+
+
+def test_auto_fuses_a_few_rows_and_dequantizes_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto: up to FUSED_MAX_ROWS rows (one position or several) take the fused kernel while
+    rows × K stays within FUSED_MAX_ELEMENTS; more rows, or wide rows, dequantize."""
+    from handformer.nn import quantized
+
+    fused_rows: list[int] = []
+    real = Int8Linear._fused_forward
+
+    def spy(self: Int8Linear, x: torch.Tensor) -> torch.Tensor | None:
+        fused_rows.append(x.numel() // x.shape[-1])
+        return real(self, x)
+
+    monkeypatch.setattr(Int8Linear, "_fused_forward", spy)
+    narrow = Int8Linear.from_linear(torch.nn.Linear(16, 8))
+    k_wide = quantized.FUSED_MAX_ELEMENTS // 4 + 1  # 4 rows of it pass the element bound
+    wide = Int8Linear.from_linear(torch.nn.Linear(k_wide, 8))
+    with torch.inference_mode():
+        narrow(torch.randn(1, 1, 16))
+        narrow(torch.randn(1, 9, 16))  # a verify step of K = 8: fused
+        narrow(torch.randn(2, quantized.FUSED_MAX_ROWS, 16))  # 32 rows: dequantized
+        wide(torch.randn(3, k_wide))  # 3 rows within the bound: fused
+        wide(torch.randn(4, k_wide))  # 4 rows past it: dequantized
+    assert fused_rows == [1, 9, 3]
+
+
 def test_autograd_reaches_the_input_and_bias_through_the_dequantized_path() -> None:
     layer = Int8Linear.from_linear(torch.nn.Linear(8, 6))  # auto: would fuse 2 rows
     x = torch.randn(2, 8, requires_grad=True)
