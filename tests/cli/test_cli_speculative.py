@@ -66,6 +66,19 @@ def test_speculative_greedy_prints_what_plain_greedy_prints(
     assert "drafted tokens accepted" in fast.err and "tokens per target forward" in fast.err
 
 
+@pytest.mark.slow  # compiles the fused int8 kernel for two row counts
+def test_an_int8_target_with_a_draft_prints_its_own_plain_greedy_text(
+        runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["generate", "--run", str(runs["target"]), "--prompt", "the ", "--temperature", "0",
+            "--max-new-tokens", "60", "--quantize", "int8"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out
+    assert main([*base, "--draft", str(runs["draft"]), "--speculate", "3"]) == 0
+    fast = capsys.readouterr()
+    assert fast.out == plain
+    assert "int8: ready in" in fast.err and "drafted tokens accepted" in fast.err
+
+
 @pytest.mark.parametrize("extra, code, words", [
     (["--speculate", "0"], 2, "positive integer"),
     (["--speculate", str(MAX_SPECULATE + 1)], 2, f"at most {MAX_SPECULATE}"),

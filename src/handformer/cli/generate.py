@@ -93,16 +93,18 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
                       f"as <unk>: {''.join(unknown[:20])!r}", DataWarning, stacklevel=2)
 
 
-def _quantized(model: Any) -> Any:
+def _quantized(model: Any, speculate: int | None) -> Any:
     """The model with int8 weights (as it is if its run folder holds them already), its
-    kernel compiled before the first token, saying on stderr what that cost."""
+    kernel compiled before the first token — for one new position and, with a draft, for the
+    ``speculate`` + 1 a step verifies — saying on stderr what that cost."""
     from handformer.models.quantize import is_quantized, quantize_int8, warm_up_int8
 
     if not is_quantized(model):
         model = quantize_int8(model, inplace=True)
     print("int8: compiling the fused kernel for this model's layer shapes (once per process; "
           "later runs reuse torch's on-disk cache)...", file=sys.stderr, flush=True)
-    seconds, note = warm_up_int8(model)
+    seconds, note = warm_up_int8(model, positions=(1,) if speculate is None else
+                                 (1, speculate + 1))
     print(f"int8: {note or f'ready in {seconds:.1f} s'}", file=sys.stderr, flush=True)
     return model
 
@@ -143,7 +145,8 @@ def run_generate(args: argparse.Namespace) -> int:
         model = model.to(getattr(torch, args.dtype))
         draft = None if draft is None else draft.to(getattr(torch, args.dtype))
     if args.quantize is not None:
-        model = _quantized(model)
+        model = _quantized(model, None if draft is None else
+                           args.speculate or DEFAULT_SPECULATE)
     sampling: dict[str, Any] = dict(temperature=args.temperature, top_k=args.top_k,
                                     top_p=args.top_p, seed=args.seed)
     stats = SpeculationStats()

@@ -145,17 +145,21 @@ def apply_int8_layout(model: nn.Module, info: Any) -> nn.Module:
     return model
 
 
-def warm_up_int8(model: nn.Module, batch_size: int = 1) -> tuple[float, str | None]:
+def warm_up_int8(model: nn.Module, batch_size: int = 1,
+                 positions: tuple[int, ...] = (1,)) -> tuple[float, str | None]:
     """Compile the fused int8 kernel for every layer shape a decoding step of ``batch_size``
-    rows meets, before the first token (so a user waits once, knowingly, not mid-stream).
-    Returns (seconds spent compiling, None) or, where the kernel cannot compile here,
-    (seconds, the reason: the model then runs on the slower dequantizing kernel)."""
+    rows meets — one new position per row, and each count in ``positions`` (a speculative
+    step of K proposals verifies K + 1) — before the first token, so a user waits once,
+    knowingly, not mid-stream. Returns (seconds spent compiling, None) or, where the kernel
+    cannot compile here, (seconds, the reason: the model then runs on the slower
+    dequantizing kernel)."""
     before = compile_seconds()
     with torch.inference_mode():
         for layer in model.modules():
             if isinstance(layer, Int8Linear):
-                layer(torch.zeros(batch_size, layer.in_features, dtype=layer.scale.dtype,
-                                  device=layer.qweight.device))
+                for t in sorted(set(positions)):
+                    layer(torch.zeros(batch_size, t, layer.in_features, dtype=layer.scale.dtype,
+                                      device=layer.qweight.device))
     broken = fused_kernel_status()
     note = None if broken is None else (f"the fused kernel cannot compile here ({broken}); "
                                         "using the dequantizing kernel, slower than float32")
