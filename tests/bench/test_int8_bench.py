@@ -9,6 +9,7 @@ from handformer.bench.generation_speed import step_bytes
 from handformer.bench.int8_quality import (
     greedy_agreement,
     next_token_agreement,
+    top_two_gap,
     validation_loss,
 )
 from handformer.loss import lm_loss
@@ -48,3 +49,13 @@ def test_agreement_measures() -> None:
     model = DecoderLM(tiny_config()).eval()
     seq = torch.randint(0, 37, (1, 12))
     assert next_token_agreement(model, model, seq, 4, 16) == 1.0
+
+
+def test_top_two_gap_is_the_lead_of_the_best_token_in_log_probability() -> None:
+    model = DecoderLM(tiny_config()).eval()
+    seq = torch.randint(0, 37, (1, 12))
+    with torch.no_grad():  # generate's window of 4 at 7 tokens: slid by 4 → tokens 4..6
+        logp = torch.log_softmax(model(seq[:, 4:7])[0, -1], dim=-1)
+    best, second = logp.topk(2).values.tolist()
+    assert abs(top_two_gap(model, seq, 7, 4) - (best - second)) < 1e-6
+    assert top_two_gap(model, seq, 7, 4) >= 0

@@ -12,6 +12,8 @@ folder written by ``handformer train`` and compares, on that run's own validatio
     where the first difference falls;
   - *per token*: at every position of float32's greedy continuation, given the same context
     (the last ``max_len`` tokens), does the other model pick the same next token?
+  - where a continuation parts, how far float32's own choice led its runner-up there (a
+    near tie, against the median lead over its continuations).
 
     python benchmarks/int8_quality.py --run runs/default
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from handformer.data import train_val_split
-from handformer.generate import generate
+from handformer.generate import generate, slide_window
 from handformer.jobs.lm import load_recorded_text
 from handformer.loss import lm_loss
 from handformer.models.quantize import quantize_int8
@@ -75,6 +78,17 @@ def next_token_agreement(reference: nn.Module, other: nn.Module, sequence: Tenso
     return same / (sequence.shape[1] - prompt_len)
 
 
+def top_two_gap(model: nn.Module, sequence: Tensor, position: int, window: int) -> float:
+    """How far the model's best next token at ``position`` of ``sequence`` (1, T) leads its
+    second best, in log-probability (nats), given the context ``generate`` gives it there
+    (its window of ``window`` tokens slides half a window at a time): near 0 is a near tie,
+    which any rounding of the logits may flip."""
+    context = sequence[:, slide_window(0, position, window) : position]  # (1, ≤ window)
+    with torch.inference_mode():
+        top = torch.log_softmax(model(context)[0, -1].float(), dim=-1).topk(2).values  # (2,)
+    return float(top[0] - top[1])
+
+
 def quality(run_dir: Path, prompts: int = PROMPTS, new_tokens: int = NEW_TOKENS,
             log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every figure of the module docstring for the run at ``run_dir``."""
@@ -106,16 +120,29 @@ def quality(run_dir: Path, prompts: int = PROMPTS, new_tokens: int = NEW_TOKENS,
                  for ref, out in zip(outputs["float32"], outputs[name], strict=True)]
         row["free_running_agreement"] = sum(p[0] for p in pairs) / len(pairs)
         row["first_difference"] = [p[1] for p in pairs]
+        # Where a continuation parts from float32's: float32's own lead of its choice there.
+        row["gap_at_first_difference"] = [
+            top_two_gap(fp32, ref, PROMPT_TOKENS + first, block)
+            for ref, (_, first) in zip(outputs["float32"], pairs, strict=True)
+            if first < new_tokens]
         row["next_token_agreement"] = 1.0 if name == "float32" else sum(
             next_token_agreement(fp32, model, ref, PROMPT_TOKENS, block)
             for ref in outputs["float32"]) / len(starts)
         log(f"{name:<18} loss {row['val_loss_change_pct']:+.2f} %, free-running agreement "
             f"{100 * row['free_running_agreement']:.1f} %, per-token "
             f"{100 * row['next_token_agreement']:.1f} %, first difference at "
-            f"{row['first_difference']}")
+            f"{row['first_difference']}" + (
+                f" (float32's top-two gap there: "
+                f"{', '.join(f'{g:.3f}' for g in row['gap_at_first_difference'])} nats)"
+                if row["gap_at_first_difference"] else ""))
+    typical = [top_two_gap(fp32, ref, PROMPT_TOKENS + i, block)
+               for ref in outputs["float32"] for i in range(0, new_tokens, 16)]
+    log(f"float32's top-two gap over its own continuations (every 16th token): median "
+        f"{statistics.median(typical):.2f} nats")
     return {"run": str(run_dir), "validation_tokens": len(val_ids), "prompts": prompts,
             "prompt_tokens": PROMPT_TOKENS, "new_tokens": new_tokens,
-            "model": fp32.config.to_dict(), "rows": rows}
+            "model": fp32.config.to_dict(), "rows": rows,
+            "median_top_two_gap": statistics.median(typical)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,9 +139,11 @@ def measure_pair(pair: Pair, ks: list[int], new_tokens: int, repeats: int,
                        identical=all(torch.equal(a, b) for a, b in
                                      zip(outputs[name], reference, strict=True)))
         rows.append(row)
-    for k in ks:
-        rows.append({"pair": pair.name, "contender": f"verify K={k} (1 target forward)",
-                     "verify_ratio": verify_ratio(pair.target, k)})
+    for prefix, model in targets.items():  # each target's own cost of checking K proposals
+        for k in ks:
+            rows.append({"pair": pair.name,
+                         "contender": f"{prefix}verify K={k} (1 target forward)",
+                         "verify_ratio": verify_ratio(model, k)})
     return rows
 
 
