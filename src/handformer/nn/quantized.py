@@ -298,59 +298,66 @@ class Int8Linear(nn.Module):
         """The dequantized weight (N, K), in the scale's dtype (a new tensor each time)."""
         return dequantize_weight(self.qweight, self.scale, self.scale.dtype)
 
-    def _use_fused(self, x: Tensor) -> bool:
-        """Whether ``x`` goes through the fused kernel (see the class docstring)."""
-        if torch.is_grad_enabled() and (x.requires_grad or (
-                self.bias is not None and self.bias.requires_grad)):
-            return False  # the compiled graph has no backward: autograd goes the other way
+    def _stored(self) -> tuple[Tensor, ...]:
+        """(qweight, scale[, bias]): what the kernels take after x. Read from the module's
+        own dicts — at batch 1 a call is a few µs, and attribute lookup through
+        ``nn.Module.__getattr__`` costs a visible share of it."""
+        buffers, bias = self._buffers, self._parameters.get("bias")
+        q, scale = buffers["qweight"], buffers["scale"]
+        return (q, scale) if bias is None else (q, scale, bias)  # type: ignore[return-value]
+
+    def _use_fused(self, x: Tensor, rows: int) -> bool:
+        """Whether ``x`` ((rows, K) once flattened) goes through the fused kernel (see the
+        class docstring)."""
+        if torch.is_grad_enabled():
+            bias = self._parameters.get("bias")
+            if x.requires_grad or (bias is not None and bias.requires_grad):
+                return False  # the compiled graph has no backward: autograd goes the other way
         if self.kernel != "auto":
-            return self.kernel == "fused" and x.numel() > 0
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        return 0 < rows <= FUSED_MAX_ROWS and rows * x.shape[-1] <= FUSED_MAX_ELEMENTS
+            return self.kernel == "fused" and rows > 0
+        return 0 < rows <= FUSED_MAX_ROWS and rows * self.in_features <= FUSED_MAX_ELEMENTS
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) → (..., N)."""
         k = self.in_features
         if x.dim() == 0 or x.shape[-1] != k:
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
-        if self._use_fused(x):
-            out = self._fused_forward(x)
+        rows = x.numel() // k if k else 0
+        if self._use_fused(x, rows):
+            out = self._fused_forward(x, rows)
             if out is not None:  # None: it cannot compile here (warned once)
                 return out
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
-    def _fused_forward(self, x: Tensor) -> Tensor | None:
+    def _fused_forward(self, x: Tensor, rows: int) -> Tensor | None:
         """x (..., K) → (..., N) through the fused kernel compiled for its row count (rows
         beyond ``FUSED_MAX_ROWS`` — only with ``kernel="fused"`` — in blocks of that many)."""
-        k, n = self.in_features, self.out_features
-        rows = x.numel() // k
-        flat = x.reshape(rows, k)  # (M, K)
+        flat = x.reshape(rows, self.in_features)  # (M, K)
         if not flat.is_contiguous():
             flat = flat.contiguous()
+        stored = self._stored()
         blocks = []
         for start in range(0, rows, FUSED_MAX_ROWS):
-            block = flat[start : start + FUSED_MAX_ROWS]  # (≤ FUSED_MAX_ROWS, K), contiguous
-            kernel = self._kernel_for(block)
+            block = flat if rows <= FUSED_MAX_ROWS else flat[start : start + FUSED_MAX_ROWS]
+            kernel = self._kernels.get((block.shape[0], block.dtype)) or \
+                self._kernel_for(block, stored)
             if kernel is None:
                 return None
-            args = (block, self.qweight, self.scale) if self.bias is None else \
-                (block, self.qweight, self.scale, self.bias)
-            blocks.append(kernel(*args))  # (rows of the block, N)
+            blocks.append(kernel(block, *stored))  # (rows of the block, N)
         out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)  # (M, N)
-        return out.view(*x.shape[:-1], n)  # (..., N)
+        return out.view((*x.shape[:-1], self.out_features))  # (..., N)
 
-    def _kernel_for(self, block: Tensor) -> Callable[..., Tensor] | None:
-        """The compiled product for ``block``'s row count and dtype. This layer keeps its own
-        index of the shared compiled kernels: a step looks up one small key instead of
-        describing every input (µs a call at batch 1). Its tensors' dtypes and device are
-        fixed between two ``_apply``s (``.to()``), which empty the index."""
+    def _kernel_for(self, block: Tensor, stored: tuple[Tensor, ...]
+                    ) -> Callable[..., Tensor] | None:
+        """The compiled product for ``block``'s row count and dtype, found in (or added to)
+        this layer's own index of the shared compiled kernels: a step looks up one small key
+        instead of describing every input (µs a call at batch 1). Its tensors' dtypes and
+        device are fixed between two ``_apply``s (``.to()``), which empty the index."""
         key = (block.shape[0], block.dtype)
         kernel = self._kernels.get(key)
         if kernel is None:
-            args = (block, self.qweight, self.scale) if self.bias is None else \
-                (block, self.qweight, self.scale, self.bias)
-            kernel = _FUSED.kernel_for(*args)
+            kernel = _FUSED.kernel_for(block, *stored)
             if kernel is not None:
                 self._kernels[key] = kernel
         return kernel
