@@ -167,6 +167,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/nn/test_quantized.py",),
         "the int8 product forgets the per-channel scale",
     ),
+    Mutant(
+        "int8_streams_interleaved", "nn/quantized.py",
+        "out = torch.stack(columns, dim=1).view(x.shape[0], n)",
+        "out = torch.stack(columns, dim=0).view(x.shape[0], n)",
+        ("tests/nn/test_quantized.py",),
+        "the fused int8 kernel puts its two weight streams' outputs in the wrong rows",
+    ),
 )
 
 
