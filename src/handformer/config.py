@@ -250,6 +250,10 @@ class TrainConfig(_DictMixin):
     ``embed_lr`` (> 0) gives the token embedding (and a tied head) its own AdamW rate.
     ``seq_warmup_steps`` (> 0) trains on the first ``seq_warmup_start`` tokens of each window
     at step 0, growing linearly to ``block_size`` at that step (language models only).
+    ``batch_warmup_steps`` (> 0) trains on the first ``batch_warmup_start`` windows of each
+    drawn batch at step 0, growing linearly to ``batch_size`` at that step: cheap steps while
+    the loss falls fast. The full batch is still drawn, so the data a seed sees, and exact
+    resume, do not depend on it.
     Invalid values raise ``ValueError`` naming the field.
     """
 
@@ -288,6 +292,8 @@ class TrainConfig(_DictMixin):
     embed_lr: float = 0.0
     seq_warmup_steps: int = 0
     seq_warmup_start: int = 16
+    batch_warmup_steps: int = 0
+    batch_warmup_start: int = 4
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "block_size", "max_steps", "eval_interval", "eval_batches",
@@ -296,7 +302,7 @@ class TrainConfig(_DictMixin):
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"TrainConfig.{name} must be a positive int; got {value!r}")
         for name in ("warmup_steps", "checkpoint_interval", "early_stopping_patience",
-                     "seq_warmup_steps"):
+                     "seq_warmup_steps", "batch_warmup_steps"):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"TrainConfig.{name} must be an int >= 0; got {value!r}")
@@ -336,6 +342,10 @@ class TrainConfig(_DictMixin):
                                           and self.seq_warmup_start > self.block_size):
             raise ValueError(f"TrainConfig.seq_warmup_start must be in [1, block_size="
                              f"{self.block_size}]; got {self.seq_warmup_start}")
+        if self.batch_warmup_start <= 0 or (self.batch_warmup_steps > 0
+                                            and self.batch_warmup_start > self.batch_size):
+            raise ValueError(f"TrainConfig.batch_warmup_start must be in [1, batch_size="
+                             f"{self.batch_size}]; got {self.batch_warmup_start}")
         if self.optimizer == "muon" and self.strategy == "fsdp":
             raise ValueError("optimizer='muon' cannot train under strategy='fsdp': Muon "
                              "orthogonalises each whole weight matrix, and FSDP gives every "
