@@ -115,3 +115,20 @@ def test_bench_quick_ablation_races_every_rung_against_one_reference(tmp_path: P
         assert row["ratio"] == pytest.approx(row["reached"]["train_seconds"]
                                              / data["rows"][0]["reached"]["train_seconds"])
     assert data["final_seeds"]["n"] == 3
+
+
+def test_step_cost_times_both_recipes_and_writes_the_ratios(tmp_path: Path) -> None:
+    from handformer.bench.step_cost import main as step_cost_main
+
+    out = tmp_path / "cost.json"
+    assert step_cost_main([
+        "--reference-steps", "12", "--fast", "speedrun", "--fast-steps", "4,6",
+        "--fast-model", '{"d_model": 16, "n_heads": 2, "n_layers": 1}',
+        "--fast-train", '{"batch_size": 4, "seq_warmup_steps": 4, "seq_warmup_start": 16}',
+        "--chunk", "2", "--rounds", "2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["fast_steps"] == [4, 6] and len(data["rounds"]) == 2
+    for r in data["rounds"]:
+        assert r["reference_step_ms"] > 0 and len(r["ratios"]) == 2
+        assert 0 < r["ratios"][0] < r["ratios"][1]  # six steps cost more than four
+    assert data["mean_ratio"] == pytest.approx(sum(data["ratios"]) / 2)

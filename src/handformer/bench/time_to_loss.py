@@ -55,7 +55,8 @@ from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from handformer.train.trainer import Trainer
 
-__all__ = ["LADDER", "Lever", "Recipe", "evaluate", "ladder_recipes", "main", "race"]
+__all__ = ["LADDER", "Lever", "Recipe", "Runner", "evaluate", "json_arg", "ladder_recipes", "main",
+           "race"]
 
 REFERENCE, FAST = "shakespeare-char", "shakespeare-fast"
 # The quick (CI) mode shrinks both recipes to a few seconds; it checks that the code runs,
@@ -144,7 +145,7 @@ def evaluate(model: torch.nn.Module, batches: list[Batch]) -> float:
     return total / max(count, 1)
 
 
-class _Runner:
+class Runner:
     """One recipe: its trainer, its clock and its validation curve."""
 
     def __init__(self, recipe: Recipe, train_ids: torch.Tensor, vocab_size: int) -> None:
@@ -223,7 +224,7 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
     per_batch = min(eval_windows, 240)
     val = LMWindows(val_ids, eval_block, name="validation split").fixed_batches(
         math.ceil(eval_windows / per_batch), per_batch)
-    runners = [_Runner(r, train_ids, tok.vocab_size) for r in recipes]
+    runners = [Runner(r, train_ids, tok.vocab_size) for r in recipes]
     for r in runners:
         r.curve.append({"step": 0, "train_seconds": 0.0, "val_loss": evaluate(r.model, val)})
     while not all(r.done for r in runners):
@@ -244,7 +245,7 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
     return [r.summary() for r in runners]
 
 
-def _json_arg(text: str) -> dict[str, Any]:
+def json_arg(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -280,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"validation loss to reach (default 1.88; --quick: {QUICK_TARGET})")
     parser.add_argument("--reference", default=REFERENCE, help="reference preset")
     parser.add_argument("--fast", default=FAST, help="contender preset")
-    parser.add_argument("--fast-model", type=_json_arg, default={}, metavar="JSON",
+    parser.add_argument("--fast-model", type=json_arg, default={}, metavar="JSON",
                         help="ModelConfig overrides for the contender, e.g. '{\"qk_norm\": true}'")
-    parser.add_argument("--fast-train", type=_json_arg, default={}, metavar="JSON",
+    parser.add_argument("--fast-train", type=json_arg, default={}, metavar="JSON",
                         help="TrainConfig overrides for the contender, e.g. "
                              "'{\"optimizer\": \"muon\"}'")
     parser.add_argument("--ablation", action="store_true",
