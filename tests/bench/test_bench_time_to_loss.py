@@ -132,3 +132,25 @@ def test_step_cost_times_both_recipes_and_writes_the_ratios(tmp_path: Path) -> N
         assert r["reference_step_ms"] > 0 and len(r["ratios"]) == 2
         assert 0 < r["ratios"][0] < r["ratios"][1]  # six steps cost more than four
     assert data["mean_ratio"] == pytest.approx(sum(data["ratios"]) / 2)
+
+
+def test_the_ladders_final_recipe_is_the_speedrun_preset() -> None:
+    """The preset ships what the log measured: every kept lever on top of shakespeare-fast
+    (only how often a user's run evaluates differs)."""
+    from handformer.bench.time_to_loss import LADDER, ladder_recipes
+
+    final = ladder_recipes(LADDER, "shakespeare-fast", seeds=(1337,))[-1]
+    model, train = build_configs("shakespeare-fast", 65, final.model, final.train)
+    want_model, want_train = build_configs("speedrun", 65)
+    assert model == want_model
+    assert {**train.to_dict(), "eval_interval": 0} == {**want_train.to_dict(), "eval_interval": 0}
+
+
+def test_plain_race_runs_the_contender_once_per_seed(tmp_path: Path) -> None:
+    out = tmp_path / "time_to_loss.json"
+    assert time_to_loss_main(["--quick", "--seeds", "3,4", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    labels = [r["label"] for r in data["rows"]]
+    assert labels == ["reference", "final, seed 3", "final, seed 4"]
+    assert [r["train"]["seed"] for r in data["rows"][1:]] == [3, 4]
+    assert data["final_seeds"]["n"] == 2

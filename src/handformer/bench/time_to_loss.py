@@ -92,7 +92,8 @@ class Lever:
 
 
 # The speedrun log's ladder, from shakespeare-fast. Kept/dropped follows probes run before the
-# race (2026-11-30, see README); the race re-measures every rung against one reference run.
+# race (2026-11-30, see README; rows from the batch warm-up on: probes at 5-step evaluation
+# granularity on seeds 1337, 1, 2); the race re-measures every rung against one reference run.
 LADDER: tuple[Lever, ...] = (
     Lever("Muon 0.02 (match_rms_adamw) on the blocks' matrices, AdamW 3e-3 elsewhere, 400 steps",
           train=dict(optimizer="muon", muon_lr=0.02, max_steps=400)),
@@ -110,6 +111,12 @@ LADDER: tuple[Lever, ...] = (
           kept=False),
     Lever("+ batch 8 (500 steps)", train=dict(batch_size=8, max_steps=500), kept=False),
     Lever("+ AdamW lr 6e-3", train=dict(lr=6e-3), kept=False),
+    Lever("+ batch warm-up 8→16 over 100 steps",
+          train=dict(batch_warmup_steps=100, batch_warmup_start=8), kept=False),
+    Lever("+ Muon momentum 0.9 instead of 0.95", train=dict(muon_momentum=0.9)),
+    Lever("+ lr warm-up 25 steps instead of 50", train=dict(warmup_steps=25)),
+    Lever("+ manual attention kernel (bf16 SDPA's CPU backward is slow)",
+          model=dict(attention="manual")),
 )
 
 
@@ -289,8 +296,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablation", action="store_true",
                         help="race the reference against every rung of LADDER (from --fast) "
                              "and the final recipe once per --seeds")
-    parser.add_argument("--seeds", type=_seeds_arg, default=(1337, 1, 2),
-                        help="seeds of the final recipe with --ablation (default 1337,1,2)")
+    parser.add_argument("--seeds", type=_seeds_arg, default=None,
+                        help="seeds of the final recipe with --ablation (default 1337,1,2); "
+                             "without --ablation: race the contender once per seed (default: "
+                             "once, with its preset's seed)")
     parser.add_argument("--reference-max-steps", type=int, default=3000,
                         help="the reference's step budget (its cosine schedule spans it)")
     parser.add_argument("--eval-from", type=int, default=0, metavar="STEP",
@@ -321,12 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         model_o, ref_train, fast_train = dict(QUICK_MODEL), dict(QUICK_TRAIN), dict(QUICK_TRAIN)
         eval_windows, eval_every = 48, 10
         args.chunk = 5
-    contenders = ([Recipe("fast", args.fast, {**model_o, **args.fast_model},
-                          {**fast_train, **args.fast_train})] if not args.ablation else
-                  ladder_recipes(LADDER, args.fast, args.seeds))
+    if args.ablation:
+        contenders = ladder_recipes(LADDER, args.fast, args.seeds or (1337, 1, 2))
+    else:
+        fast_model, fast_train = {**model_o, **args.fast_model}, {**fast_train, **args.fast_train}
+        contenders = ([Recipe("fast", args.fast, fast_model, fast_train)] if not args.seeds else
+                      [Recipe(f"final, seed {seed}", args.fast, dict(fast_model),
+                              {**fast_train, "seed": seed}) for seed in args.seeds])
     if args.ablation and args.quick:  # the same shrinking as the plain quick race
         for r in contenders:
             r.model, r.train = {**r.model, **model_o}, {**r.train, **fast_train}
+            if "batch_warmup_start" in r.train:  # a warm-up starts within the shrunk batch
+                r.train["batch_warmup_start"] = min(r.train["batch_warmup_start"],
+                                                    fast_train["batch_size"])
     for r in contenders:
         r.eval_from = args.eval_from
     recipes = [Recipe("reference", args.reference, dict(model_o), ref_train,
@@ -356,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
               f"clock, {paired_ratio:.2f} as the paired estimate")
     else:
         print(f"a recipe did not reach {target}: no ratio")
-    seeds = _seed_summary(rows) if args.ablation else None
+    seeds = _seed_summary(rows) if args.ablation or args.seeds else None
     if seeds:
         print(f"final recipe over {seeds['n']} seeds: paired ratio mean {seeds['paired_mean']:.3f}"
               f" (min {seeds['paired_min']:.3f}, max {seeds['paired_max']:.3f}); clock mean "
