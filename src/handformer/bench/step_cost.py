@@ -15,7 +15,7 @@ its first N steps really cost. The reference's steps all cost the same, so it tr
 ``--rounds`` times with fresh models and the median ratio reported.
 
     python benchmarks/step_cost.py --data tinyshakespeare.txt --threads 1 \\
-        --reference-steps 2025 --fast speedrun --fast-steps 255,260,250
+        --reference-steps 2010 --fast speedrun --fast-steps 235,240,245
 """
 
 from __future__ import annotations

@@ -92,8 +92,8 @@ class Lever:
 
 
 # The speedrun log's ladder, from shakespeare-fast. Kept/dropped follows probes run before the
-# race (2026-11-30, see README; rows from the batch warm-up on: probes at 5-step evaluation
-# granularity on seeds 1337, 1, 2); the race re-measures every rung against one reference run.
+# race (2026-11-30, see README; from the batch warm-up on: probes evaluated every 5-10 steps,
+# the final recipe on seeds 1337, 1, 2); the race re-measures every rung against one reference.
 LADDER: tuple[Lever, ...] = (
     Lever("Muon 0.02 (match_rms_adamw) on the blocks' matrices, AdamW 3e-3 elsewhere, 400 steps",
           train=dict(optimizer="muon", muon_lr=0.02, max_steps=400)),
