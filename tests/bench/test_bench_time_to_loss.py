@@ -115,3 +115,42 @@ def test_bench_quick_ablation_races_every_rung_against_one_reference(tmp_path: P
         assert row["ratio"] == pytest.approx(row["reached"]["train_seconds"]
                                              / data["rows"][0]["reached"]["train_seconds"])
     assert data["final_seeds"]["n"] == 3
+
+
+def test_step_cost_times_both_recipes_and_writes_the_ratios(tmp_path: Path) -> None:
+    from handformer.bench.step_cost import main as step_cost_main
+
+    out = tmp_path / "cost.json"
+    assert step_cost_main([
+        "--reference-steps", "12", "--fast", "speedrun", "--fast-steps", "4,6",
+        "--fast-model", '{"d_model": 16, "n_heads": 2, "n_layers": 1}',
+        "--fast-train", '{"batch_size": 4, "seq_warmup_steps": 4, "seq_warmup_start": 16}',
+        "--chunk", "2", "--rounds", "2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["fast_steps"] == [4, 6] and len(data["rounds"]) == 2
+    for r in data["rounds"]:
+        assert r["reference_step_ms"] > 0 and len(r["ratios"]) == 2
+        assert 0 < r["ratios"][0] < r["ratios"][1]  # six steps cost more than four
+    assert data["mean_ratio"] == pytest.approx(sum(data["ratios"]) / 2)
+
+
+def test_the_ladders_final_recipe_is_the_speedrun_preset() -> None:
+    """The preset ships what the log measured: every kept lever on top of shakespeare-fast
+    (only how often a user's run evaluates differs)."""
+    from handformer.bench.time_to_loss import LADDER, ladder_recipes
+
+    final = ladder_recipes(LADDER, "shakespeare-fast", seeds=(1337,))[-1]
+    model, train = build_configs("shakespeare-fast", 65, final.model, final.train)
+    want_model, want_train = build_configs("speedrun", 65)
+    assert model == want_model
+    assert {**train.to_dict(), "eval_interval": 0} == {**want_train.to_dict(), "eval_interval": 0}
+
+
+def test_plain_race_runs_the_contender_once_per_seed(tmp_path: Path) -> None:
+    out = tmp_path / "time_to_loss.json"
+    assert time_to_loss_main(["--quick", "--seeds", "3,4", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    labels = [r["label"] for r in data["rows"]]
+    assert labels == ["reference", "final, seed 3", "final, seed 4"]
+    assert [r["train"]["seed"] for r in data["rows"][1:]] == [3, 4]
+    assert data["final_seeds"]["n"] == 2

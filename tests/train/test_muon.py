@@ -200,3 +200,61 @@ def test_muon_settings_reach_torchs_optimizer() -> None:
         (3, 0.9, "original", 0.02)
     with pytest.raises(ValueError, match="muon_ns_steps"):
         TrainConfig(muon_ns_steps=0)
+
+
+def test_batch_warmup_grows_the_batch_over_the_same_draws_and_resumes_exactly(
+        tmp_path: Path) -> None:
+    from handformer.train.optim import batch_rows_at
+
+    cfg = train_config(batch_size=8, max_steps=10, batch_warmup_steps=6, batch_warmup_start=2,
+                       checkpoint_interval=3)
+    rows = [batch_rows_at(s, cfg) for s in range(10)]
+    assert rows[0] == 2 and rows[6:] == [8] * 4 and rows == sorted(rows)
+    assert rows[:6] == [2, 3, 4, 5, 6, 7]
+    # Multiples of the rank count while growing, never below the start.
+    assert [batch_rows_at(s, cfg, multiple=4) for s in range(7)] == [2, 2, 4, 4, 4, 4, 8]
+    seen: list[torch.Tensor] = []
+
+    def forward(model: torch.nn.Module, batch) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        if model.training:
+            seen.append(batch.ids.clone())
+        return model(batch.ids, padding_mask=batch.padding_mask)
+
+    straight = make_trainer(cfg, forward_fn=forward)
+    losses = straight.fit().train_losses
+    assert [s.shape[0] for s in seen] == rows
+    # The full batch is drawn every step: the warm-up trains on its first rows, so a seed's
+    # data does not depend on the warm-up.
+    full: list[torch.Tensor] = []
+    plain = train_config(batch_size=8, max_steps=10)
+    make_trainer(plain, forward_fn=lambda m, b: (full.append(b.ids.clone()) if m.training
+                                                 else None) or m(b.ids)).fit()
+    assert all(torch.equal(s, f[:s.shape[0]]) for s, f in zip(seen, full, strict=True))
+    first = make_trainer(cfg, ckpt_dir=tmp_path)
+    head = first.fit(stop_at=4).train_losses
+    second = make_trainer(cfg, model_seed=4, ckpt_dir=tmp_path)
+    second.resume(list_checkpoints(tmp_path)[-1].path)
+    assert head + second.fit().train_losses == losses
+    assert all(torch.equal(a, b) for a, b in zip(weights(second.model).values(),
+                                                  weights(straight.model).values(), strict=True))
+    restored = TrainConfig.from_dict(json.loads(cfg.to_json()))
+    assert (restored.batch_warmup_steps, restored.batch_warmup_start) == (6, 2)
+    with pytest.raises(ValueError, match="batch_warmup_start"):
+        TrainConfig(batch_size=8, batch_warmup_steps=5, batch_warmup_start=9)
+    with pytest.raises(ValueError, match="batch_warmup_start"):
+        TrainConfig(batch_warmup_start=0)
+    with pytest.raises(ValueError, match="batch_warmup_steps"):
+        TrainConfig(batch_warmup_steps=-1)
+
+
+def test_first_rows_keeps_whole_examples() -> None:
+    from handformer.data import Batch
+
+    lm = Batch(torch.arange(12).view(3, 4), torch.arange(12).view(3, 4),
+               torch.ones(3, 4, dtype=torch.bool))
+    two = lm.first_rows(2)
+    assert two.ids.shape == two.targets.shape == two.padding_mask.shape == (2, 4)
+    labels = Batch(torch.zeros(3, 4, dtype=torch.long), torch.tensor([0, 1, 2])).first_rows(1)
+    assert labels.targets.tolist() == [0] and labels.padding_mask is None
+    with pytest.raises(ValueError, match="first_rows"):
+        lm.first_rows(4)

@@ -55,7 +55,8 @@ from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from handformer.train.trainer import Trainer
 
-__all__ = ["LADDER", "Lever", "Recipe", "evaluate", "ladder_recipes", "main", "race"]
+__all__ = ["LADDER", "Lever", "Recipe", "Runner", "evaluate", "json_arg", "ladder_recipes", "main",
+           "race"]
 
 REFERENCE, FAST = "shakespeare-char", "shakespeare-fast"
 # The quick (CI) mode shrinks both recipes to a few seconds; it checks that the code runs,
@@ -91,7 +92,8 @@ class Lever:
 
 
 # The speedrun log's ladder, from shakespeare-fast. Kept/dropped follows probes run before the
-# race (2026-11-30, see README); the race re-measures every rung against one reference run.
+# race (2026-11-30, see README; from the batch warm-up on: probes evaluated every 5-10 steps,
+# the final recipe on seeds 1337, 1, 2); the race re-measures every rung against one reference.
 LADDER: tuple[Lever, ...] = (
     Lever("Muon 0.02 (match_rms_adamw) on the blocks' matrices, AdamW 3e-3 elsewhere, 400 steps",
           train=dict(optimizer="muon", muon_lr=0.02, max_steps=400)),
@@ -109,6 +111,12 @@ LADDER: tuple[Lever, ...] = (
           kept=False),
     Lever("+ batch 8 (500 steps)", train=dict(batch_size=8, max_steps=500), kept=False),
     Lever("+ AdamW lr 6e-3", train=dict(lr=6e-3), kept=False),
+    Lever("+ batch warm-up 8→16 over 100 steps",
+          train=dict(batch_warmup_steps=100, batch_warmup_start=8), kept=False),
+    Lever("+ Muon momentum 0.9 instead of 0.95", train=dict(muon_momentum=0.9)),
+    Lever("+ lr warm-up 25 steps instead of 50", train=dict(warmup_steps=25)),
+    Lever("+ manual attention kernel (bf16 SDPA's CPU backward is slow)",
+          model=dict(attention="manual")),
 )
 
 
@@ -144,7 +152,7 @@ def evaluate(model: torch.nn.Module, batches: list[Batch]) -> float:
     return total / max(count, 1)
 
 
-class _Runner:
+class Runner:
     """One recipe: its trainer, its clock and its validation curve."""
 
     def __init__(self, recipe: Recipe, train_ids: torch.Tensor, vocab_size: int) -> None:
@@ -223,7 +231,7 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
     per_batch = min(eval_windows, 240)
     val = LMWindows(val_ids, eval_block, name="validation split").fixed_batches(
         math.ceil(eval_windows / per_batch), per_batch)
-    runners = [_Runner(r, train_ids, tok.vocab_size) for r in recipes]
+    runners = [Runner(r, train_ids, tok.vocab_size) for r in recipes]
     for r in runners:
         r.curve.append({"step": 0, "train_seconds": 0.0, "val_loss": evaluate(r.model, val)})
     while not all(r.done for r in runners):
@@ -244,7 +252,7 @@ def race(text: str, recipes: list[Recipe], *, target: float, eval_every: int,
     return [r.summary() for r in runners]
 
 
-def _json_arg(text: str) -> dict[str, Any]:
+def json_arg(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
@@ -280,16 +288,18 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"validation loss to reach (default 1.88; --quick: {QUICK_TARGET})")
     parser.add_argument("--reference", default=REFERENCE, help="reference preset")
     parser.add_argument("--fast", default=FAST, help="contender preset")
-    parser.add_argument("--fast-model", type=_json_arg, default={}, metavar="JSON",
+    parser.add_argument("--fast-model", type=json_arg, default={}, metavar="JSON",
                         help="ModelConfig overrides for the contender, e.g. '{\"qk_norm\": true}'")
-    parser.add_argument("--fast-train", type=_json_arg, default={}, metavar="JSON",
+    parser.add_argument("--fast-train", type=json_arg, default={}, metavar="JSON",
                         help="TrainConfig overrides for the contender, e.g. "
                              "'{\"optimizer\": \"muon\"}'")
     parser.add_argument("--ablation", action="store_true",
                         help="race the reference against every rung of LADDER (from --fast) "
                              "and the final recipe once per --seeds")
-    parser.add_argument("--seeds", type=_seeds_arg, default=(1337, 1, 2),
-                        help="seeds of the final recipe with --ablation (default 1337,1,2)")
+    parser.add_argument("--seeds", type=_seeds_arg, default=None,
+                        help="seeds of the final recipe with --ablation (default 1337,1,2); "
+                             "without --ablation: race the contender once per seed (default: "
+                             "once, with its preset's seed)")
     parser.add_argument("--reference-max-steps", type=int, default=3000,
                         help="the reference's step budget (its cosine schedule spans it)")
     parser.add_argument("--eval-from", type=int, default=0, metavar="STEP",
@@ -320,12 +330,19 @@ def main(argv: list[str] | None = None) -> int:
         model_o, ref_train, fast_train = dict(QUICK_MODEL), dict(QUICK_TRAIN), dict(QUICK_TRAIN)
         eval_windows, eval_every = 48, 10
         args.chunk = 5
-    contenders = ([Recipe("fast", args.fast, {**model_o, **args.fast_model},
-                          {**fast_train, **args.fast_train})] if not args.ablation else
-                  ladder_recipes(LADDER, args.fast, args.seeds))
+    if args.ablation:
+        contenders = ladder_recipes(LADDER, args.fast, args.seeds or (1337, 1, 2))
+    else:
+        fast_model, fast_train = {**model_o, **args.fast_model}, {**fast_train, **args.fast_train}
+        contenders = ([Recipe("fast", args.fast, fast_model, fast_train)] if not args.seeds else
+                      [Recipe(f"final, seed {seed}", args.fast, dict(fast_model),
+                              {**fast_train, "seed": seed}) for seed in args.seeds])
     if args.ablation and args.quick:  # the same shrinking as the plain quick race
         for r in contenders:
             r.model, r.train = {**r.model, **model_o}, {**r.train, **fast_train}
+            if "batch_warmup_start" in r.train:  # a warm-up starts within the shrunk batch
+                r.train["batch_warmup_start"] = min(r.train["batch_warmup_start"],
+                                                    fast_train["batch_size"])
     for r in contenders:
         r.eval_from = args.eval_from
     recipes = [Recipe("reference", args.reference, dict(model_o), ref_train,
@@ -355,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
               f"clock, {paired_ratio:.2f} as the paired estimate")
     else:
         print(f"a recipe did not reach {target}: no ratio")
-    seeds = _seed_summary(rows) if args.ablation else None
+    seeds = _seed_summary(rows) if args.ablation or args.seeds else None
     if seeds:
         print(f"final recipe over {seeds['n']} seeds: paired ratio mean {seeds['paired_mean']:.3f}"
               f" (min {seeds['paired_min']:.3f}, max {seeds['paired_max']:.3f}); clock mean "

@@ -59,6 +59,15 @@ class Batch:
         mask = None if self.padding_mask is None else self.padding_mask[:, :length]
         return Batch(self.ids[:, :length], self.targets[:, :length], mask)  # (B, length)
 
+    def first_rows(self, rows: int) -> Batch:
+        """The first ``rows`` examples (a batch-size warm-up trains on these); targets may be
+        per token (B, T) or per example (B,)."""
+        if not 0 < rows <= self.ids.shape[0]:
+            raise ValueError(f"first_rows needs 1 <= rows <= {self.ids.shape[0]} (the batch); "
+                             f"got {rows}")
+        mask = None if self.padding_mask is None else self.padding_mask[:rows]
+        return Batch(self.ids[:rows], self.targets[:rows], mask)  # (rows, T)
+
     def carry_token_count(self, source: Batch) -> None:
         """Take ``source``'s token count when it is free: counted on the CPU (or already
         counted). Reading ``num_tokens`` of a GPU batch would otherwise wait for the GPU."""

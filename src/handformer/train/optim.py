@@ -22,8 +22,8 @@ from torch import nn
 
 from handformer.config import TrainConfig
 
-__all__ = ["SplitOptimizer", "build_optimizer", "is_hidden_matrix", "lr_at", "lr_scale",
-           "param_groups", "parameter_split", "set_lr", "window_at"]
+__all__ = ["SplitOptimizer", "batch_rows_at", "build_optimizer", "is_hidden_matrix", "lr_at",
+           "lr_scale", "param_groups", "parameter_split", "set_lr", "window_at"]
 
 
 def _unique_params(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
@@ -215,3 +215,15 @@ def window_at(step: int, cfg: TrainConfig) -> int:
     grown = cfg.seq_warmup_start + (cfg.block_size - cfg.seq_warmup_start) * step \
         / cfg.seq_warmup_steps
     return max(cfg.seq_warmup_start, min(cfg.block_size, int(grown) // 8 * 8))
+
+
+def batch_rows_at(step: int, cfg: TrainConfig, multiple: int = 1) -> int:
+    """Windows trained per micro-batch at 0-based ``step``: ``batch_warmup_start`` at step 0,
+    growing linearly to ``batch_size`` at ``batch_warmup_steps`` (rounded down to a multiple
+    of ``multiple`` — the number of ranks, which must each get an equal share — but never
+    below the start); ``batch_size`` when the warm-up is off."""
+    if step >= cfg.batch_warmup_steps:
+        return cfg.batch_size
+    grown = cfg.batch_warmup_start + (cfg.batch_size - cfg.batch_warmup_start) * step \
+        / cfg.batch_warmup_steps
+    return max(cfg.batch_warmup_start, min(cfg.batch_size, int(grown) // multiple * multiple))

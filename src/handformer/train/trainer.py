@@ -46,7 +46,13 @@ from handformer.train.distributed import (
     rank_device,
     shard_rows,
 )
-from handformer.train.optim import build_optimizer, parameter_split, set_lr, window_at
+from handformer.train.optim import (
+    batch_rows_at,
+    build_optimizer,
+    parameter_split,
+    set_lr,
+    window_at,
+)
 from handformer.train.precision import resolve_precision
 from handformer.train.rng import capture_rng, restore_rng
 from handformer.train.state import (
@@ -175,6 +181,8 @@ class Trainer:
         # batch; only rank 0 writes checkpoints, calls callbacks and shows progress.
         self.dist = dist or DistContext()
         check_batch_splits(cfg.batch_size, self.dist)
+        if cfg.batch_warmup_steps:
+            check_batch_splits(cfg.batch_warmup_start, self.dist)
         self.device = rank_device(pick_device(cfg.device), self.dist)
         self.model = model.to(self.device)
         self.precision = resolve_precision(cfg.precision, self.device)
@@ -353,6 +361,9 @@ class Trainer:
         window = window_at(self.step, cfg)
         if window < cfg.block_size:  # sequence-length warm-up: the windows' first tokens
             drawn = [b.first_tokens(window) for b in drawn]
+        rows = batch_rows_at(self.step, cfg, self.dist.world_size)
+        if rows < cfg.batch_size:  # batch-size warm-up: the batch's first windows (all drawn)
+            drawn = [b.first_rows(rows) for b in drawn]
         global_tokens = sum(b.num_tokens for b in drawn)
         micro = [shard_rows(b, self.dist).to(self.device) for b in drawn]
         self.optimizer.zero_grad(set_to_none=True)
