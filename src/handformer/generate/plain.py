@@ -51,7 +51,7 @@ from handformer.models.budget import Estimate, check_fits, generation_estimate
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["GREEDY_TEMPERATURE", "NonFiniteLogitsError", "apply_repetition_penalty",
-           "check_sampling", "generate", "sample_next", "sampling_weights",
+           "check_request", "check_sampling", "generate", "sample_next", "sampling_weights",
            "slide_window"]
 
 # Below this temperature sampling takes the argmax (the T → 0 limit): float32 cannot hold
@@ -251,6 +251,32 @@ def _check_budget(model: nn.Module, shape: torch.Size, max_new_tokens: int,
     check_fits(estimate, param.device)
 
 
+def check_request(who: str, model: nn.Module, ids: Tensor, max_new_tokens: object,
+                  padding_mask: Tensor | None, eos_id: int | None) -> None:
+    """The checks every decoding entry point (``who``, named in the errors) makes before it
+    allocates anything: a non-empty (B, T) prompt, ``max_new_tokens`` an int ≥ 0, a padding
+    mask that fits the prompt and leaves each row a real token, an ``eos_id`` in the model's
+    vocabulary (finished rows keep feeding it to the model, past the prompt's one check). A
+    prompt longer than the model's window gets a ``DataWarning`` (it is read from its end)."""
+    if ids.dim() != 2 or ids.shape[1] == 0:
+        raise ValueError(f"{who} expects a non-empty prompt of shape (B, T); got "
+                         f"{tuple(ids.shape)}")
+    if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 0):
+        raise ValueError(f"max_new_tokens must be >= 0 (an int); got {max_new_tokens!r}")
+    if padding_mask is not None:
+        check_padding_mask(padding_mask, tuple(ids.shape), who)
+        if not bool(padding_mask.any(dim=1).all()):
+            raise ValueError("every prompt row needs at least one real (unpadded) token")
+    vocab_size = getattr(model.config, "vocab_size", None)  # type: ignore[union-attr]
+    if eos_id is not None and vocab_size is not None and not 0 <= eos_id < vocab_size:
+        raise ValueError(f"eos_id={eos_id} is not a token id of this model "
+                         f"(vocab_size={vocab_size})")
+    if max_new_tokens > 0:
+        _warn_if_cropped(padding_mask, ids.shape[1],
+                         model.config.max_len)  # type: ignore[union-attr]
+
+
 @_outside_inference_mode
 def generate(
     model: nn.Module,
@@ -286,26 +312,9 @@ def generate(
     the output tokens and the KV cache cannot fit in memory, before they are allocated. A
     prompt longer than the model's window is read from its end, with a ``DataWarning``.
     """
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"generate expects a non-empty prompt of shape (B, T); got "
-                         f"{tuple(ids.shape)}")
-    if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 0):
-        raise ValueError(f"max_new_tokens must be >= 0 (an int); got {max_new_tokens!r}")
     check_sampling(temperature, top_k, top_p, repetition_penalty)
-    if padding_mask is not None:
-        check_padding_mask(padding_mask, tuple(ids.shape), "generate")
-        if not bool(padding_mask.any(dim=1).all()):
-            raise ValueError("every prompt row needs at least one real (unpadded) token")
-
+    check_request("generate", model, ids, max_new_tokens, padding_mask, eos_id)
     max_len: int = model.config.max_len  # type: ignore[union-attr]
-    if max_new_tokens > 0:
-        _warn_if_cropped(padding_mask, ids.shape[1], max_len)
-    vocab_size = getattr(model.config, "vocab_size", None)  # type: ignore[union-attr]
-    if eos_id is not None and vocab_size is not None and not 0 <= eos_id < vocab_size:
-        # Finished rows keep feeding eos_id to the model, past the prompt's one check.
-        raise ValueError(f"eos_id={eos_id} is not a token id of this model "
-                         f"(vocab_size={vocab_size})")
     param = next(model.parameters())
     device = param.device
     _check_budget(model, ids.shape, max_new_tokens, use_cache, param)

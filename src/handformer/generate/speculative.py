@@ -48,12 +48,11 @@ from handformer.generate.plain import (
     _outside_inference_mode,
     _small_op_kernels,
     _takes_validate,
-    _warn_if_cropped,
+    check_request,
     check_sampling,
     sampling_weights,
     slide_window,
 )
-from handformer.masks import check_padding_mask
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["MAX_SPECULATE", "SpeculationStats", "check_draft", "check_same_tokenizer",
@@ -250,25 +249,10 @@ def speculative_generate(
     of a position depends on the proposals before it); ``NonFiniteLogitsError`` for NaN or
     inf logits of either model.
     """
-    if ids.dim() != 2 or ids.shape[1] == 0:
-        raise ValueError(f"speculative_generate expects a non-empty prompt of shape (B, T); "
-                         f"got {tuple(ids.shape)}")
-    if (not isinstance(max_new_tokens, numbers.Integral) or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 0):
-        raise ValueError(f"max_new_tokens must be >= 0 (an int); got {max_new_tokens!r}")
     _check_speculate(speculate)
     check_sampling(temperature, top_k, top_p)
     check_draft(target, draft)
-    if padding_mask is not None:
-        check_padding_mask(padding_mask, tuple(ids.shape), "speculative_generate")
-        if not bool(padding_mask.any(dim=1).all()):
-            raise ValueError("every prompt row needs at least one real (unpadded) token")
-    vocab_size: int = target.config.vocab_size  # type: ignore[union-attr]
-    if eos_id is not None and not 0 <= eos_id < vocab_size:
-        raise ValueError(f"eos_id={eos_id} is not a token id of this model "
-                         f"(vocab_size={vocab_size})")
-    if max_new_tokens > 0:
-        _warn_if_cropped(padding_mask, ids.shape[1], target.config.max_len)  # type: ignore[union-attr]
+    check_request("speculative_generate", target, ids, max_new_tokens, padding_mask, eos_id)
     param = next(target.parameters())
     device = param.device
     _check_budget(target, ids.shape, max_new_tokens, True, param)
