@@ -341,25 +341,23 @@ class Int8Linear(nn.Module):
         for start in range(0, rows, FUSED_MAX_ROWS):
             block = flat if rows <= FUSED_MAX_ROWS else flat[start : start + FUSED_MAX_ROWS]
             kernel = self._kernels.get((block.shape[0], block.dtype)) or \
-                self._kernel_for(block, stored)
+                self._add_kernel(block, stored)
             if kernel is None:
                 return None
             blocks.append(kernel(block, *stored))  # (rows of the block, N)
         out = blocks[0] if len(blocks) == 1 else torch.cat(blocks)  # (M, N)
         return out.view((*x.shape[:-1], self.out_features))  # (..., N)
 
-    def _kernel_for(self, block: Tensor, stored: tuple[Tensor, ...]
+    def _add_kernel(self, block: Tensor, stored: tuple[Tensor, ...]
                     ) -> Callable[..., Tensor] | None:
-        """The compiled product for ``block``'s row count and dtype, found in (or added to)
-        this layer's own index of the shared compiled kernels: a step looks up one small key
-        instead of describing every input (µs a call at batch 1). Its tensors' dtypes and
-        device are fixed between two ``_apply``s (``.to()``), which empty the index."""
-        key = (block.shape[0], block.dtype)
-        kernel = self._kernels.get(key)
-        if kernel is None:
-            kernel = _FUSED.kernel_for(block, *stored)
-            if kernel is not None:
-                self._kernels[key] = kernel
+        """Find the shared compiled product for ``block``'s row count and dtype (compiling it
+        on first request) and add it to this layer's own index, which a step reads with one
+        small key instead of describing every input (µs a call at batch 1). Its tensors'
+        dtypes and device are fixed between two ``_apply``s (``.to()``), which empty the
+        index. None where nothing can compile here."""
+        kernel = _FUSED.kernel_for(block, *stored)
+        if kernel is not None:
+            self._kernels[(block.shape[0], block.dtype)] = kernel
         return kernel
 
     def __getstate__(self) -> dict[str, Any]:
