@@ -154,3 +154,22 @@ def test_plain_race_runs_the_contender_once_per_seed(tmp_path: Path) -> None:
     assert labels == ["reference", "final, seed 3", "final, seed 4"]
     assert [r["train"]["seed"] for r in data["rows"][1:]] == [3, 4]
     assert data["final_seeds"]["n"] == 2
+
+
+@pytest.mark.parametrize("bad", [
+    ["--fast-steps", "0"], ["--fast-steps", "ten"], ["--chunk", "0"], ["--rounds", "-1"],
+    ["--threads", "0"], ["--reference-timed", "-5"], ["--data", "no/such/file.txt"],
+])
+def test_step_cost_refuses_bad_options_in_one_line(bad: list[str], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from handformer.bench.step_cost import main as step_cost_main
+
+    args = {"--fast-steps": "5", "--reference-steps": "10"}
+    args.update(dict(zip(bad[::2], bad[1::2], strict=True)))
+    with pytest.raises(SystemExit) as stop:
+        step_cost_main(["--fast", "tiny", "--out", str(tmp_path / "s.json"),
+                        *[x for kv in args.items() for x in kv]])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" in err
+    assert not (tmp_path / "s.json").exists()

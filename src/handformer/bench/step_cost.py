@@ -97,8 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_cost.json"))
     args = parser.parse_args(argv)
-    if args.reference_steps <= 0 or args.rounds <= 0:
-        parser.error("--reference-steps and --rounds must be positive")
+    if min(args.reference_steps, args.rounds, args.chunk) <= 0 or args.reference_timed < 0 or (
+            args.threads is not None and args.threads <= 0):
+        parser.error("--reference-steps, --rounds, --chunk and --threads must be positive "
+                     "(--reference-timed >= 0)")
+    if args.data is not None and not args.data.is_file():
+        parser.error(f"--data {args.data}: no such file")
     if args.threads:
         torch.set_num_threads(args.threads)
     text = builtin_text() if args.data is None else read_text_file(args.data)
