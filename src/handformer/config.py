@@ -18,7 +18,7 @@ from handformer.nn.attention import ATTENTION_KINDS
 from handformer.nn.block import NORM_KINDS
 from handformer.nn.feedforward import ACTIVATIONS, swiglu_hidden
 from handformer.nn.norm import NORM_TYPES
-from handformer.nn.positional import POSITIONAL_KINDS
+from handformer.nn.positional import POSITIONAL_KINDS, ROPE_SCALING_KINDS, RopeScaling
 
 __all__ = ["CLASSIFY_PRESET", "MODEL_LIMITS", "MUON_LR_ADJUST", "OPTIMIZERS", "POOLING_KINDS",
            "PRECISIONS", "PRESETS", "SCHEDULES", "SEQ2SEQ_PRESET", "STRATEGIES",
@@ -126,6 +126,7 @@ def _check_types(config: Any) -> None:
 MODEL_LIMITS: dict[str, int] = {
     "vocab_size": 1 << 24, "d_model": 1 << 16, "n_heads": 1 << 12, "n_layers": 1 << 12,
     "d_ff": 1 << 20, "max_len": 1 << 24, "n_kv_heads": 1 << 12, "type_vocab_size": 1 << 16,
+    "head_dim": 1 << 16,
 }
 
 
@@ -143,6 +144,13 @@ class ModelConfig(_DictMixin):
     gelu (default) / relu / gelu_tanh / relu2 (ReLU²) / swiglu, ``norm_type`` layernorm
     (default) / rmsnorm. ``max_len`` (default 64) is the longest window the model attends
     over.
+
+    Published checkpoints' details (``handformer.interop.llama`` maps them): ``head_dim``
+    (0 = d_model / n_heads; a published config may set it apart, and then ``n_heads`` need not
+    divide ``d_model``), ``rope_base`` (RoPE's θ), ``rope_scaling`` none (default) / linear /
+    llama3 with ``rope_factor``, ``rope_low_freq_factor``, ``rope_high_freq_factor`` and
+    ``rope_original_max_len`` (see ``handformer.nn.positional.RopeScaling``), and
+    ``layer_norm_eps``, every norm's epsilon (QK-norm's too).
 
     Speedrun levers, all off by default: ``qk_norm`` (RMSNorm on each head's queries and
     keys, before RoPE), ``zero_init_out`` (attention and FFN output projections start at
@@ -174,6 +182,12 @@ class ModelConfig(_DictMixin):
     qk_norm: bool = False
     zero_init_out: bool = False
     logit_softcap: float = 0.0
+    head_dim: int = 0
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 0
 
     def __post_init__(self) -> None:
         if self.d_ff == 0 and _is_int(self.d_model):
@@ -181,8 +195,12 @@ class ModelConfig(_DictMixin):
                          else 4 * self.d_model)
         if self.n_kv_heads == 0:
             self.n_kv_heads = self.n_heads
+        explicit_head_dim = _is_int(self.head_dim) and self.head_dim != 0
+        if (self.head_dim == 0 and _is_int(self.d_model) and _is_int(self.n_heads)
+                and self.n_heads > 0):
+            self.head_dim = self.d_model // self.n_heads
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "max_len",
-                     "n_kv_heads"):
+                     "n_kv_heads", "head_dim"):
             value = getattr(self, name)
             if not _is_int(value) or value <= 0:
                 raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}")
@@ -192,9 +210,10 @@ class ModelConfig(_DictMixin):
                 raise ValueError(f"ModelConfig.{name}={getattr(self, name)} is beyond the "
                                  f"sane limit {limit} (see config.MODEL_LIMITS): a typo or a "
                                  "damaged config?")
-        if self.d_model % self.n_heads != 0:
+        if not explicit_head_dim and self.d_model % self.n_heads != 0:
             raise ValueError(
-                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
+                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                "(or set head_dim explicitly)"
             )
         if self.n_heads % self.n_kv_heads != 0:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
@@ -216,11 +235,29 @@ class ModelConfig(_DictMixin):
         if self.logit_softcap < 0:
             raise ValueError(f"ModelConfig.logit_softcap must be >= 0 (0 = off); got "
                              f"{self.logit_softcap}")
+        _check_choice("rope_scaling", self.rope_scaling, ROPE_SCALING_KINDS)
+        if self.rope_scaling != "none" and self.positional != "rope":
+            raise ValueError(f"ModelConfig.rope_scaling={self.rope_scaling!r} needs "
+                             f"positional='rope'; got positional={self.positional!r}")
+        if self.rope_original_max_len < 0:
+            raise ValueError(f"ModelConfig.rope_original_max_len must be >= 0; got "
+                             f"{self.rope_original_max_len}")
+        self.rope_scaling_spec  # noqa: B018 — RopeScaling checks its own numbers
 
     @property
-    def head_dim(self) -> int:
-        """Width of one attention head, ``D = d_model / n_heads``."""
-        return self.d_model // self.n_heads
+    def rope_scaling_spec(self) -> RopeScaling | None:
+        """The RoPE frequency scaling as ``RopeScaling``, or ``None`` when off; a bad number
+        is a ``ValueError`` naming this config's fields."""
+        if self.rope_scaling == "none":
+            return None
+        try:
+            return RopeScaling(self.rope_scaling, self.rope_factor, self.rope_low_freq_factor,
+                               self.rope_high_freq_factor,
+                               self.rope_original_max_len or self.max_len)
+        except ValueError as err:
+            raise ValueError(f"ModelConfig rope_scaling={self.rope_scaling!r}: {err} (fields "
+                             "rope_factor, rope_low_freq_factor, rope_high_freq_factor, "
+                             "rope_original_max_len)") from None
 
 
 @dataclass

@@ -21,10 +21,10 @@ from handformer.nn.positional import (
 )
 
 
-def _rope_complex(x: torch.Tensor, positions: torch.Tensor, base: float) -> torch.Tensor:
+def _rope_complex(x: torch.Tensor, positions: torch.Tensor,
+                  theta: torch.Tensor) -> torch.Tensor:
     """RoPE the textbook way: channel pairs as complex numbers times e^{i·p·θ}."""
     d = x.shape[-1]
-    theta = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # (D/2,)
     angle = positions.double()[:, None] * theta  # (T, D/2)
     z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
     return torch.view_as_real(z * torch.polar(torch.ones_like(angle), angle)).flatten(-2)
@@ -35,7 +35,12 @@ def test_rope_matches_complex_number_implementation(base: float) -> None:
     rope = RotaryEmbedding(16, base)
     x = torch.randn(2, 3, 7, 16)
     positions = torch.tensor([0, 1, 2, 5, 9, 100, 4096])
-    torch.testing.assert_close(rope(x, positions).double(), _rope_complex(x, positions, base),
+    # θ_i = base^(-2i/D), held in fp32 (the rounding Hugging Face checkpoints use): the
+    # frequencies are pinned to the formula here, the rotation below to complex numbers.
+    exact = base ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)  # (D/2,)
+    torch.testing.assert_close(rope.inv_freq.double(), exact, rtol=2e-7, atol=0)
+    torch.testing.assert_close(rope(x, positions).double(),
+                               _rope_complex(x, positions, rope.inv_freq.double()),
                                rtol=1e-5, atol=1e-4)
 
 
@@ -52,7 +57,8 @@ def _reference_rope_attention(mha: MultiHeadAttention, x: torch.Tensor,
     q = q.reshape(b, t, h, d).transpose(1, 2)  # (B, H, T, D)
     k = k.reshape(b, t, hkv, d).transpose(1, 2)  # (B, Hkv, T, D)
     v = v.reshape(b, t, hkv, d).transpose(1, 2)  # (B, Hkv, T, D)
-    q, k = (_rope_complex(z, positions, base).float() for z in (q, k))
+    theta = base ** (-torch.arange(0, q.shape[-1], 2, dtype=torch.float64) / q.shape[-1])
+    q, k = (_rope_complex(z, positions, theta).float() for z in (q, k))
     out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=hkv != h)
     return out.transpose(1, 2).reshape(b, t, c) @ w_out.T + b_out  # (B, T, C)
 

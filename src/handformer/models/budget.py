@@ -97,22 +97,25 @@ def _linear(n_in: int, n_out: int, bias: bool) -> int:
     return n_in * n_out + (n_out if bias else 0)
 
 
-def _layer_norm(c: int, bias: bool) -> int:
-    return c + (c if bias else 0)
+def _layer_norm(c: int, bias: bool, norm_type: str = "layernorm") -> int:
+    return c + (c if bias and norm_type == "layernorm" else 0)  # RMSNorm: a gain, no bias
 
 
 def _attention(c: ModelConfig, n_kv_heads: int) -> int:
-    kv_dim = n_kv_heads * c.head_dim
-    return (_linear(c.d_model, c.d_model + 2 * kv_dim, c.bias)  # fused q, k, v projection
-            + _linear(c.d_model, c.d_model, c.bias))  # output projection
+    q_dim, kv_dim = c.n_heads * c.head_dim, n_kv_heads * c.head_dim
+    n = (_linear(c.d_model, q_dim + 2 * kv_dim, c.bias)  # fused q, k, v projection
+         + _linear(q_dim, c.d_model, c.bias))  # output projection
+    return n + (2 * c.head_dim if c.qk_norm else 0)  # QK-norm's two gains
 
 
 def _block(c: ModelConfig, *, cross_attention: bool) -> int:
     """One ``TransformerBlock`` (nn/block.py): self-attention, [cross-attention], FFN, norms."""
-    n = _attention(c, c.n_kv_heads) + 2 * _layer_norm(c.d_model, c.bias)
-    n += _linear(c.d_model, c.d_ff, c.bias) + _linear(c.d_ff, c.d_model, c.bias)
+    norm = _layer_norm(c.d_model, c.bias, c.norm_type)
+    n = _attention(c, c.n_kv_heads) + 2 * norm
+    gated = 2 if c.activation == "swiglu" else 1  # SwiGLU's fc_in holds gate and up
+    n += _linear(c.d_model, gated * c.d_ff, c.bias) + _linear(c.d_ff, c.d_model, c.bias)
     if cross_attention:  # plain multi-head (n_kv_heads = n_heads) and its own norm
-        n += _attention(c, c.n_heads) + _layer_norm(c.d_model, c.bias)
+        n += _attention(c, c.n_heads) + norm
     return n
 
 
@@ -131,7 +134,7 @@ def _stack(c: ModelConfig, *, cross_attention: bool = False, final_norm: bool,
            head: bool) -> int:
     n = _embedding(c) + c.n_layers * _block(c, cross_attention=cross_attention)
     if final_norm:
-        n += _layer_norm(c.d_model, c.bias)
+        n += _layer_norm(c.d_model, c.bias, c.norm_type)
     if head and not c.tie_weights:
         n += c.vocab_size * c.d_model  # the LM head (bias-free); tied: the embedding's matrix
     return n

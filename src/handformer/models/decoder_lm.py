@@ -1,7 +1,8 @@
 """DecoderLM: a GPT-style causal language model built from handformer's pieces.
 
-ids (B, T) → TokenEmbedding (+ positions) → N × TransformerBlock (causal) → [LayerNorm] →
-linear head → logits (B, T, V). The model returns logits; losses live in ``handformer.loss``.
+ids (B, T) → TokenEmbedding (+ positions) → N × TransformerBlock (causal) → [final norm] →
+linear head → logits (B, T, V): the shared ``Trunk`` (``models/trunk.py``) run causally. The
+model returns logits; losses live in ``handformer.loss``.
 
 For decoding, ``make_cache`` builds a ``DecoderCache`` that the caller passes back into
 ``forward``: the cache is explicit state, never hidden on the module. A decoding step is
@@ -18,17 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.masks import combine_masks
 from handformer.models.budget import check_model_fits
-from handformer.models.embedding import TokenEmbedding, check_ids, positions_from_padding
-from handformer.models.stack import build_blocks, make_cache
-from handformer.nn.init import init_weights
+from handformer.models.embedding import check_ids, positions_from_padding
+from handformer.models.stack import make_cache
+from handformer.models.trunk import Trunk
 from handformer.nn.kv_cache import DecoderCache
-from handformer.nn.norm import make_norm
 
 __all__ = ["DecoderLM", "positions_from_padding"]  # the latter re-exported from embedding
 
@@ -45,7 +44,7 @@ def _rename_legacy_keys(module: nn.Module, state_dict: dict[str, Any], prefix: s
             state_dict[prefix + new] = state_dict.pop(prefix + old)
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(Trunk):
     """Causal language model. ``forward(ids, padding_mask=None) -> logits (B, T, V)``.
 
     Built from a ``ModelConfig``: the shared ``TokenEmbedding`` (token vectors, the
@@ -67,28 +66,9 @@ class DecoderLM(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         check_model_fits(config, "DecoderLM")  # MemoryBudgetError before torch allocates
-        super().__init__()
-        self.config = config
-        c = config
-        self.embed = TokenEmbedding(c)
-        self.blocks = build_blocks(c)
-        # Pre-norm leaves the residual stream un-normalised, so it needs a final LayerNorm;
-        # post-norm blocks already end in one.
-        self.final_norm: nn.Module = (
-            make_norm(c.norm_type, c.d_model, eps=c.layer_norm_eps, bias=c.bias)
-            if c.norm == "pre" else nn.Identity()
-        )
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        if c.tie_weights:
-            self.lm_head.weight = self.embed.token.weight
-        self._alibi = c.positional == "alibi"
+        super().__init__(config)
+        self._alibi = config.positional == "alibi"
         self.register_load_state_dict_pre_hook(_rename_legacy_keys)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """GPT-2 initialisation (``handformer.nn.init``); zeroed output projections when
-        ``config.zero_init_out``."""
-        init_weights(self, self.config.n_layers, zero_out=self.config.zero_init_out)
 
     def num_parameters(self, *, exclude_positions: bool = False) -> int:
         """Parameter count (a tied head counted once), optionally without the position table."""
@@ -144,15 +124,9 @@ class DecoderLM(nn.Module):
         x, positions = self.embed(ids, positions=positions)  # (B, T, C); (T,) or (B, T)
         if cache is None:
             key_positions = positions
-        for i, block in enumerate(self.blocks):
-            x = block(
-                x, mask=mask, is_causal=True, positions=positions, key_positions=key_positions,
-                cache=None if cache is None else cache.layers[i], cache_start=cache_start,
-            )  # (B, T, C)
+        hidden = self.run_blocks(x, mask=mask, is_causal=True, positions=positions,
+                                 key_positions=key_positions, cache=cache,
+                                 cache_start=cache_start)  # (B, T, C)
         if cache is not None:
             cache.commit(t)
-        logits = self.lm_head(self.final_norm(x))  # (B, T, V)
-        cap = self.config.logit_softcap
-        # Soft-capping squashes each logit smoothly into (-cap, cap); generate samples from
-        # this same forward, so training and decoding see the same capped logits.
-        return logits if cap == 0.0 else cap * torch.tanh(logits / cap)  # (B, T, V)
+        return self.head_logits(hidden)  # (B, T, V)

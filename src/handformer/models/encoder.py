@@ -9,16 +9,14 @@ Padding, the rule every piece here follows: a pad position may *receive* informa
 own hidden state is computed, and ignored) but no query ever attends *to* it, and pooling
 never reads it. So a sequence's outputs do not depend on how much padding its batch needed.
 
-The embedding stage (``TokenEmbedding``, ``check_ids``) lives in ``models/embedding.py``
-and the block stack (``build_blocks``) in ``models/stack.py``: the decoder LM, this encoder
-and the seq2seq model are all built from the same pieces and the one ``TransformerBlock``.
+The encoder is the shared ``Trunk`` (``models/trunk.py``: embedding → blocks → final norm)
+without a head, run without a causal mask: the decoder LM, this encoder and the seq2seq
+decoder are one body.
 
 Shape legend: ``B`` batch, ``T`` sequence, ``C`` model dim, ``K`` classes.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -26,11 +24,8 @@ from torch import Tensor, nn
 from handformer.config import POOLING_KINDS, ClassifierConfig, ModelConfig
 from handformer.masks import combine_masks
 from handformer.models.budget import check_model_fits
-from handformer.models.embedding import TokenEmbedding, check_ids
-from handformer.models.stack import build_blocks
-from handformer.nn.init import init_weights
-from handformer.nn.norm import make_norm
-from handformer.nn.positional import ADDITIVE_KINDS
+from handformer.models.embedding import check_ids
+from handformer.models.trunk import Trunk
 
 __all__ = [
     "Encoder",
@@ -39,28 +34,17 @@ __all__ = [
 ]
 
 
-class Encoder(nn.Module):
+class Encoder(Trunk):
     """Bidirectional Transformer encoder: ``forward(ids, padding_mask) -> (B, T, C)``.
 
     ``final_norm=None`` follows the stack's norm placement: pre-norm leaves the residual
-    stream un-normalised and needs a last LayerNorm, post-norm blocks already end in one.
+    stream un-normalised and needs a last norm, post-norm blocks already end in one.
     ``EncoderDecoder`` asks for one either way (as ``nn.Transformer`` builds it).
     """
 
     def __init__(self, config: ModelConfig, *, final_norm: bool | None = None) -> None:
         check_model_fits(config, type(self).__name__)  # before torch allocates anything
-        super().__init__()
-        self.config = config
-        self.embed = TokenEmbedding(config)
-        self.blocks = build_blocks(config)
-        self._in_attention_positions = config.positional not in ADDITIVE_KINDS
-        use_norm = config.norm == "pre" if final_norm is None else final_norm
-        self.final_norm: nn.Module = (
-            make_norm(config.norm_type, config.d_model, eps=config.layer_norm_eps,
-                      bias=config.bias)
-            if use_norm else nn.Identity()
-        )
-        init_weights(self, config.n_layers, zero_out=config.zero_init_out)
+        super().__init__(config, final_norm=final_norm, head=False)
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """ids (B, T) long; ``padding_mask`` (B, T) bool, True on real tokens (either side).
@@ -74,14 +58,7 @@ class Encoder(nn.Module):
     ) -> Tensor:
         """The block stack alone: x (B, T, C) → (B, T, C). Parity tests feed it directly."""
         mask = None if padding_mask is None else combine_masks(padding_mask)  # (B, 1, 1, T)
-        extra: dict[str, Any] = {}
-        if self._in_attention_positions:  # RoPE / ALiBi read the positions inside attention
-            if positions is None:
-                positions = torch.arange(x.shape[1], device=x.device)  # (T,)
-            extra = {"positions": positions, "key_positions": positions}
-        for block in self.blocks:
-            x = block(x, mask=mask, **extra)  # (B, T, C)
-        return self.final_norm(x)
+        return self.run_blocks(x, mask=mask, is_causal=False, positions=positions)
 
 
 def pool(hidden: Tensor, padding_mask: Tensor | None, kind: str) -> Tensor:

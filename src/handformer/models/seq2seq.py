@@ -24,40 +24,29 @@ Shape legend: ``B`` batch, ``S`` source length, ``T`` target length, ``C`` model
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
 from handformer.config import ModelConfig, Seq2SeqConfig
 from handformer.masks import check_padding_mask, combine_masks
 from handformer.models.budget import check_model_fits
-from handformer.models.embedding import TokenEmbedding, check_ids
+from handformer.models.embedding import check_ids
 from handformer.models.encoder import Encoder
-from handformer.models.stack import build_blocks, make_cache
-from handformer.nn.init import init_weights
+from handformer.models.stack import make_cache
+from handformer.models.trunk import Trunk
 from handformer.nn.kv_cache import DecoderCache
-from handformer.nn.norm import make_norm
-from handformer.nn.positional import ADDITIVE_KINDS
 
 __all__ = ["Decoder", "EncoderDecoder", "greedy_decode"]
 
 
-class Decoder(nn.Module):
-    """Target embedding → N × block(causal self-attn, cross-attn, FFN) → LayerNorm → head."""
+class Decoder(Trunk):
+    """Target embedding → N × block(causal self-attn, cross-attn, FFN) → norm → head: the
+    shared ``Trunk`` with cross-attention, and a final norm whatever the norm placement (as
+    ``nn.Transformer`` builds it)."""
 
     def __init__(self, config: ModelConfig) -> None:
         check_model_fits(config, "Decoder")  # before torch allocates anything
-        super().__init__()
-        self.config = config
-        self.embed = TokenEmbedding(config)
-        self.blocks = build_blocks(config, cross_attention=True)
-        self._in_attention_positions = config.positional not in ADDITIVE_KINDS
-        self.final_norm = make_norm(config.norm_type, config.d_model, bias=config.bias)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        init_weights(self, config.n_layers, zero_out=config.zero_init_out)
-        if config.tie_weights:
-            self.lm_head.weight = self.embed.token.weight
+        super().__init__(config, cross_attention=True, final_norm=True)
 
     def forward(
         self,
@@ -87,10 +76,10 @@ class Decoder(nn.Module):
                                           cache=cache, cache_start=start,
                                           key_positions=key_positions)
             cache.commit(ids.shape[1])
-            return self.lm_head(hidden)  # (B, T, V)
+            return self.head_logits(hidden)  # (B, T, V)
         x, positions = self.embed(ids, padding_mask)  # (B, T, C)
         hidden = self.decode_embedded(x, memory, padding_mask, memory_mask, positions)
-        return self.lm_head(hidden)  # (B, T, V)
+        return self.head_logits(hidden)  # (B, T, V)
 
     def make_cache(self, batch_size: int, max_len: int | None = None) -> DecoderCache:
         """KV buffers for the decoder's self-attention (the encoder memory is fixed), for up
@@ -115,17 +104,9 @@ class Decoder(nn.Module):
         self_mask = None if padding_mask is None else combine_masks(padding_mask)  # (B,1,1,T)
         # Cross-attention: every target query sees the real source tokens only.
         cross_mask = None if memory_mask is None else combine_masks(memory_mask)  # (B,1,1,S)
-        extra: dict[str, Any] = {}
-        if self._in_attention_positions:
-            if positions is None:
-                positions = torch.arange(x.shape[1], device=x.device)  # (T,)
-            extra = {"positions": positions,
-                     "key_positions": positions if key_positions is None else key_positions}
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask=self_mask, is_causal=True, context=memory,
-                      context_mask=cross_mask, cache=None if cache is None else cache.layers[i],
-                      cache_start=cache_start, **extra)  # (B, T, C)
-        return self.final_norm(x)
+        return self.run_blocks(x, mask=self_mask, is_causal=True, positions=positions,
+                               key_positions=key_positions, context=memory,
+                               context_mask=cross_mask, cache=cache, cache_start=cache_start)
 
 
 class EncoderDecoder(nn.Module):

@@ -31,9 +31,11 @@ def build_blocks(config: ModelConfig, *, cross_attention: bool = False) -> nn.Mo
             n_kv_heads=c.n_kv_heads,
             positional="none" if c.positional in ADDITIVE_KINDS else c.positional,
             rope_base=c.rope_base,
+            rope_scaling=c.rope_scaling_spec,
             layer_norm_eps=c.layer_norm_eps,
             norm_type=c.norm_type,
             qk_norm=c.qk_norm,
+            head_dim=c.head_dim,
         )
         for _ in range(c.n_layers)
     )

@@ -14,7 +14,8 @@ Tests hold all three equal.
 Shape legend: ``B`` batch, ``T`` query length, ``S`` key length, ``H`` query heads,
 ``Hkv`` key/value heads (``H`` for multi-head, 1 for multi-query, in between for grouped-query
 attention), ``G = H / Hkv`` query heads per key/value head, ``D`` head dim, ``C`` model dim
-(``C = H · D``).
+(usually ``C = H · D``; some published models set ``D`` apart, e.g. Qwen3-0.6B: C 1024,
+H 16, D 128, so the heads span ``H · D`` = 2048 features before ``out_proj`` maps back to C).
 
 Masks are boolean with ``True`` = "may attend" (see ``handformer.masks``). A query row that
 may attend to nothing returns zeros, never NaN.
@@ -32,7 +33,7 @@ from torch import Tensor, nn
 from handformer.masks import causal_mask
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.norm import RMSNorm
-from handformer.nn.positional import RotaryEmbedding, alibi_bias, alibi_slopes
+from handformer.nn.positional import RopeScaling, RotaryEmbedding, alibi_bias, alibi_slopes
 from handformer.nn.tiled_attention import tiled_attention
 
 AttentionKind = Literal["manual", "sdpa", "tiled"]
@@ -253,7 +254,7 @@ class MultiHeadAttention(nn.Module):
     """Multi-head attention with a fused input projection, grouped-query heads and
     in-attention positions (RoPE / ALiBi).
 
-    One ``in_proj`` (C → C + 2·Hkv·D) holds the query, key and value projections side by
+    One ``in_proj`` (C → H·D + 2·Hkv·D) holds the query, key and value projections side by
     side. With ``n_kv_heads == n_heads`` that is the layout ``nn.MultiheadAttention`` uses,
     so weights copy across without reshuffling. For self-attention one matmul computes all
     three; for cross-attention the query rows apply to ``x`` and the key/value rows to
@@ -264,16 +265,19 @@ class MultiHeadAttention(nn.Module):
     bool, broadcastable to (B, H, T, S), with True = may attend (torch's
     ``nn.MultiheadAttention`` uses the opposite; convert with ``handformer.masks``).
 
-    ``qk_norm=True`` normalises each head's queries and keys (RMSNorm over D, one gain per
-    feature shared by the heads) right after the projection and before RoPE: the scores
+    ``qk_norm=True`` normalises each head's queries and keys (RMSNorm over D with epsilon
+    ``norm_eps``, one gain per feature shared by the heads) right after the projection and
+    before RoPE, as Qwen3 does: the scores
     q·kᵀ stay bounded however large the projections grow, which lets a run use a higher
     learning rate. A cache then holds normalised (and rotated) keys, so a decoding step
     matches the full forward.
 
-    Defaults: ``n_kv_heads=None`` (= ``n_heads``), ``dropout=0.0``, ``bias=True``,
-    ``attention="manual"``, ``positional="none"`` (or ``"rope"`` / ``"alibi"``),
-    ``qk_norm=False``. Raises
-    ``ValueError`` when ``n_heads`` does not divide ``d_model``, ``n_kv_heads`` does not
+    Defaults: ``n_kv_heads=None`` (= ``n_heads``), ``head_dim=None`` (= ``d_model / n_heads``),
+    ``dropout=0.0``, ``bias=True``, ``attention="manual"``, ``positional="none"`` (or
+    ``"rope"`` / ``"alibi"``; ``rope_scaling`` stretches RoPE's frequencies as long-context
+    checkpoints do), ``qk_norm=False``. Raises
+    ``ValueError`` when ``n_heads`` does not divide ``d_model`` (and no ``head_dim`` is
+    given), ``n_kv_heads`` does not
     divide ``n_heads``, for an unknown kernel or positional kind, and for inputs or masks of
     the wrong shape or dtype.
     """
@@ -289,11 +293,14 @@ class MultiHeadAttention(nn.Module):
         attention: AttentionKind = "manual",
         positional: str = "none",
         rope_base: float = 10000.0,
+        rope_scaling: RopeScaling | None = None,
         qk_norm: bool = False,
+        head_dim: int | None = None,
+        norm_eps: float = 1e-5,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads != 0:
+        if head_dim is None and d_model % n_heads != 0:
             raise ValueError(
                 f"d_model={d_model} must be divisible by n_heads={n_heads} "
                 f"(head dim D = d_model / n_heads)"
@@ -313,16 +320,18 @@ class MultiHeadAttention(nn.Module):
         self.d_model = d_model
         self.n_heads = n_heads
         self.n_kv_heads = n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
+        self.q_dim = n_heads * self.head_dim
         self.kv_dim = n_kv_heads * self.head_dim
         self.dropout = dropout
         self.attention = attention
         self.positional = positional
-        self.in_proj = nn.Linear(d_model, d_model + 2 * self.kv_dim, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.rotary = RotaryEmbedding(self.head_dim, rope_base) if positional == "rope" else None
-        self.q_norm = RMSNorm(self.head_dim) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim) if qk_norm else None
+        self.in_proj = nn.Linear(d_model, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.out_proj = nn.Linear(self.q_dim, d_model, bias=bias)
+        self.rotary = (RotaryEmbedding(self.head_dim, rope_base, rope_scaling)
+                       if positional == "rope" else None)
+        self.q_norm = RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=norm_eps) if qk_norm else None
         if positional == "alibi":
             self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
 
@@ -344,9 +353,9 @@ class MultiHeadAttention(nn.Module):
                 f"cross-attention context must be (B, S, C) = ({b}, S, {c}); "
                 f"got {tuple(context.shape)}"
             )
-        w, bias = self.in_proj.weight, self.in_proj.bias
-        q = F.linear(x, w[:c], None if bias is None else bias[:c])  # (B, T, C)
-        kv = F.linear(context, w[c:], None if bias is None else bias[c:])  # (B, S, 2·Hkv·D)
+        w, bias, qd = self.in_proj.weight, self.in_proj.bias, self.q_dim
+        q = F.linear(x, w[:qd], None if bias is None else bias[:qd])  # (B, T, H·D)
+        kv = F.linear(context, w[qd:], None if bias is None else bias[qd:])  # (B, S, 2·Hkv·D)
         s = context.shape[1]
         q = q.view(b, x.shape[1], h, d).transpose(1, 2)  # (B, H, T, D)
         return q, kv.view(b, s, 2 * hkv, d).transpose(1, 2)  # (B, 2·Hkv, S, D)
@@ -378,7 +387,7 @@ class MultiHeadAttention(nn.Module):
                 f"MultiHeadAttention expects x of shape (B, T, {self.d_model}); "
                 f"got {tuple(x.shape)}"
             )
-        b, t, c = x.shape
+        b, t, _ = x.shape
         hkv = self.n_kv_heads
         q, kv = self._project(x, context)  # (B, H, T, D), (B, 2·Hkv, S_new, D) keys first
         rotate_keys = self.rotary is not None and context is None
@@ -419,5 +428,5 @@ class MultiHeadAttention(nn.Module):
             q, k, v, mask, self.attention, self.dropout if self.training else 0.0,
             is_causal, need_weights, bias,
         )  # (B, H, T, D)
-        out = out.transpose(1, 2).reshape(b, t, c)  # (B, T, C)
-        return self.out_proj(out), weights
+        out = out.transpose(1, 2).reshape(b, t, self.q_dim)  # (B, T, H·D)
+        return self.out_proj(out), weights  # (B, T, C)

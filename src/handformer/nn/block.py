@@ -17,6 +17,7 @@ from handformer.nn.dropout import apply_dropout
 from handformer.nn.feedforward import FeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.norm import make_norm
+from handformer.nn.positional import RopeScaling
 
 __all__ = ["NORM_KINDS", "TransformerBlock"]
 
@@ -30,9 +31,10 @@ class TransformerBlock(nn.Module):
     x (B, T, C) → (B, T, C). Masks are bool with True = may attend. Defaults:
     ``norm="pre"`` (``x + f(LN(x))``; ``"post"`` is ``LN(x + f(x))``), ``activation="gelu"``,
     ``attention="manual"``, ``dropout=0.0``, no cross-attention, ``norm_type="layernorm"``
-    (or ``"rmsnorm"``), ``qk_norm=False`` (see ``MultiHeadAttention``). Raises ``ValueError`` for an
-    unknown ``norm`` (and whatever ``MultiHeadAttention`` refuses), and when a block with
-    cross-attention is called without ``context``.
+    (or ``"rmsnorm"``), ``qk_norm=False``, ``head_dim=None`` and ``rope_scaling=None`` (see
+    ``MultiHeadAttention``); ``layer_norm_eps`` is every norm's epsilon, QK-norm's included.
+    Raises ``ValueError`` for an unknown ``norm`` (and whatever ``MultiHeadAttention``
+    refuses), and when a block with cross-attention is called without ``context``.
     """
 
     def __init__(
@@ -51,8 +53,10 @@ class TransformerBlock(nn.Module):
         n_kv_heads: int | None = None,
         positional: str = "none",
         rope_base: float = 10000.0,
+        rope_scaling: RopeScaling | None = None,
         norm_type: str = "layernorm",
         qk_norm: bool = False,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         if norm not in NORM_KINDS:
@@ -60,7 +64,8 @@ class TransformerBlock(nn.Module):
         self.norm = norm
         self.self_attn = MultiHeadAttention(
             d_model, n_heads, n_kv_heads=n_kv_heads, dropout=dropout, bias=bias,
-            attention=attention, positional=positional, rope_base=rope_base, qk_norm=qk_norm,
+            attention=attention, positional=positional, rope_base=rope_base,
+            rope_scaling=rope_scaling, qk_norm=qk_norm, head_dim=head_dim, norm_eps=layer_norm_eps,
         )
         self.norm1 = make_norm(norm_type, d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1 = nn.Dropout(dropout)
@@ -68,7 +73,7 @@ class TransformerBlock(nn.Module):
         if cross_attention:
             self.cross_attn = MultiHeadAttention(
                 d_model, n_heads, dropout=dropout, bias=bias, attention=attention,
-                qk_norm=qk_norm,
+                qk_norm=qk_norm, head_dim=head_dim, norm_eps=layer_norm_eps,
             )
             self.norm_cross = make_norm(norm_type, d_model, eps=layer_norm_eps, bias=bias)
             self.dropout_cross = nn.Dropout(dropout)

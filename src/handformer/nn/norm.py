@@ -18,10 +18,13 @@ NORM_TYPES: tuple[str, ...] = ("layernorm", "rmsnorm")
 
 
 class RMSNorm(nn.Module):
-    """``x / √(mean(x², last dim) + eps) · weight``, in x's dtype. The mean of squares is
-    taken in fp32 (a bf16 sum over C loses digits); only that (…, 1) factor is cast back, so
-    a bf16 input costs no full-size fp32 copy (measured: half the time of an all-fp32
-    version, fwd + bwd, on a CPU under bf16 autocast). ``weight`` starts at one."""
+    """``x / √(mean(x², last dim) + eps) · weight``, returned in x's dtype.
+
+    The convention Llama and Qwen3 checkpoints were trained with, so imported weights give
+    the same numbers: x is normalised in fp32 and rounded to its own dtype, and only then
+    multiplied by the gain (``weight``, cast to x's dtype so a bf16 activation under fp32
+    parameters stays bf16). ``weight`` starts at one.
+    """
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -29,8 +32,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        inv_rms = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (…, 1)
-        return x * inv_rms.to(x.dtype) * self.weight.to(x.dtype)  # (…, C)
+        xf = x.float()
+        inv_rms = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (…, 1)
+        return (xf * inv_rms).to(x.dtype) * self.weight.to(x.dtype)  # (…, C)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
 def make_norm(kind: str, dim: int, *, eps: float = 1e-5, bias: bool = True) -> nn.Module:

@@ -15,6 +15,7 @@ Shape legend: ``B`` batch, ``H`` heads, ``T`` positions, ``D`` head dim, ``C`` m
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -22,12 +23,15 @@ from torch import Tensor, nn
 __all__ = [
     "ADDITIVE_KINDS",
     "POSITIONAL_KINDS",
+    "ROPE_SCALING_KINDS",
     "LearnedPositions",
+    "RopeScaling",
     "RotaryEmbedding",
     "SinusoidalPositions",
     "alibi_bias",
     "alibi_slopes",
     "build_positional",
+    "rope_frequencies",
 ]
 
 POSITIONAL_KINDS: tuple[str, ...] = ("sinusoidal", "learned", "rope", "alibi")
@@ -79,21 +83,75 @@ class LearnedPositions(nn.Module):
         return self.table(positions)  # (…, T, C)
 
 
+ROPE_SCALING_KINDS: tuple[str, ...] = ("none", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """How a long-context checkpoint stretches RoPE's frequencies (``kind`` in
+    ``ROPE_SCALING_KINDS``).
+
+    * ``linear`` — every frequency divided by ``factor`` (position interpolation).
+    * ``llama3`` — Llama 3.1's rule, by wavelength λ = 2π/θ against the pre-training window
+      L = ``original_max_len``: λ < L / ``high_freq_factor`` keeps θ (fast rotations already
+      repeat inside the window), λ > L / ``low_freq_factor`` becomes θ / ``factor`` (slow
+      ones are interpolated), and in between θ blends linearly in L/λ between the two.
+    """
+
+    kind: str
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_len: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_SCALING_KINDS[1:]:
+            raise ValueError(f"unknown RoPE scaling {self.kind!r}; implemented: "
+                             f"{ROPE_SCALING_KINDS[1:]}")
+        if not self.factor >= 1.0:
+            raise ValueError(f"RoPE scaling factor must be >= 1; got {self.factor}")
+        if self.kind == "llama3" and not (0 < self.low_freq_factor < self.high_freq_factor
+                                          and self.original_max_len > 0):
+            raise ValueError("llama3 RoPE scaling needs 0 < low_freq_factor < high_freq_factor "
+                             f"and original_max_len > 0; got {self}")
+
+
+def rope_frequencies(head_dim: int, base: float, scaling: RopeScaling | None = None) -> Tensor:
+    """θ_i = base^(-2i/D) for each of the D/2 channel pairs, then ``scaling`` applied: (D/2,)."""
+    # In fp32, written 1 / base^(2i/D): the rounding published checkpoints were trained with.
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    if scaling is not None and scaling.kind == "linear":
+        inv_freq = inv_freq / scaling.factor
+    elif scaling is not None:  # llama3
+        s = scaling
+        ratio = s.original_max_len * inv_freq / (2 * math.pi)  # L / λ for each pair
+        # 0 at λ = L / low_freq_factor (fully interpolated) … 1 at L / high_freq_factor (kept).
+        keep = ((ratio - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor))
+        keep = keep.clamp(0.0, 1.0)
+        inv_freq = keep * inv_freq + (1 - keep) * inv_freq / s.factor
+    return inv_freq  # (D/2,)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (Su et al., 2021), applied to q and k inside attention.
 
     Each channel pair (2i, 2i+1) of a head is read as a complex number and multiplied by
-    e^{i·p·θ_i}, θ_i = base^(-2i/D). Rotations preserve norms, and
-    ⟨R(m)q, R(n)k⟩ = Re Σ q_i·conj(k_i)·e^{i(m−n)θ_i} depends on m − n only.
+    e^{i·p·θ_i}, θ_i = base^(-2i/D) (``rope_frequencies``, optionally ``scaling``).
+    Rotations preserve norms, and ⟨R(m)q, R(n)k⟩ = Re Σ q_i·conj(k_i)·e^{i(m−n)θ_i} depends
+    on m − n only. Hugging Face Llama-family checkpoints pair channel i with i + D/2 instead
+    ("rotate half"); ``handformer.interop.llama`` permutes their q/k rows into these pairs on
+    the way in (and back on the way out), so one rotation serves both.
     """
 
-    def __init__(self, head_dim: int, base: float = 10000.0) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0,
+                 scaling: RopeScaling | None = None) -> None:
         super().__init__()
         if head_dim % 2 != 0:
             raise ValueError(f"rotary embedding needs an even head dim; got {head_dim}")
         self.head_dim = head_dim
         self.base = base
-        inv_freq = base ** (-torch.arange(0, head_dim, 2).float() / head_dim)  # (D/2,)
+        self.scaling = scaling
+        inv_freq = rope_frequencies(head_dim, base, scaling)  # (D/2,)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
