@@ -162,22 +162,42 @@ class CharTokenizer:
 
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizers.Tokenizer`` behind handformer's tokenizer interface."""
+    """A Hugging Face ``tokenizers.Tokenizer`` behind handformer's tokenizer interface.
+
+    The special ids are found by name (``<pad>``, ``[CLS]``, ``<|endoftext|>``, …) unless
+    ``special_ids`` states them (``{"bos": 128000, "eos": 128001}``): a published model
+    says in its ``config.json`` which tokens begin and end a text, and no list of names
+    covers every vocabulary (Llama 3's ``<|begin_of_text|>``, Qwen3's ``<|im_end|>``). A run
+    folder records them beside the tokenizer (``special_tokens`` in ``config.json``).
+    """
 
     kind = "hf"
+    SPECIAL_ROLES: tuple[str, ...] = ("bos", "eos", "pad")
     _PAD_NAMES = ("<pad>", "[PAD]", "<|pad|>")
     _UNK_NAMES = ("<unk>", "[UNK]")
     _BOS_NAMES = ("<bos>", "[CLS]", "<s>", "<|endoftext|>")
     _EOS_NAMES = ("<eos>", "[SEP]", "</s>", "<|endoftext|>")
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, special_ids: dict[str, int] | None = None) -> None:
         # handformer pads and truncates batches itself (padding masks, max_len): switch off
         # any padding/truncation baked into the file (MiniLM's pads every text to 128).
         tokenizer.no_padding()
         tokenizer.no_truncation()
         self.backend = tokenizer  # a tokenizers.Tokenizer
+        self.special_ids: dict[str, int] = {}
+        for role, idx in (special_ids or {}).items():
+            if role not in self.SPECIAL_ROLES:
+                raise ValueError(f"special_ids: unknown role {role!r}; expected one of "
+                                 f"{self.SPECIAL_ROLES}")
+            if not isinstance(idx, int) or isinstance(idx, bool) or not (
+                    0 <= idx < self.vocab_size):
+                raise ValueError(f"special_ids[{role!r}] = {idx!r} is not an id of this "
+                                 f"tokenizer (0..{self.vocab_size - 1})")
+            self.special_ids[role] = idx
 
-    def _find(self, names: tuple[str, ...]) -> int | None:
+    def _find(self, names: tuple[str, ...], role: str) -> int | None:
+        if role in self.special_ids:
+            return self.special_ids[role]
         for name in names:
             idx = self.backend.token_to_id(name)
             if idx is not None:
@@ -192,23 +212,23 @@ class HFTokenizer:
     @property
     def pad_id(self) -> int:
         """The padding token's id (``<pad>``/``[PAD]``), 0 when the vocabulary has none."""
-        found = self._find(self._PAD_NAMES)
+        found = self._find(self._PAD_NAMES, "pad")
         return 0 if found is None else found
 
     @property
     def unk_id(self) -> int | None:
         """``<unk>``/``[UNK]``'s id, or None (byte-level BPE never needs one)."""
-        return self._find(self._UNK_NAMES)
+        return self._find(self._UNK_NAMES, "unk")
 
     @property
     def bos_id(self) -> int | None:
         """The begin-of-sequence id (``<bos>``, ``[CLS]``, ``<s>``, ``<|endoftext|>``) or None."""
-        return self._find(self._BOS_NAMES)
+        return self._find(self._BOS_NAMES, "bos")
 
     @property
     def eos_id(self) -> int | None:
         """The end-of-sequence id (``<eos>``, ``[SEP]``, ``</s>``, ``<|endoftext|>``) or None."""
-        return self._find(self._EOS_NAMES)
+        return self._find(self._EOS_NAMES, "eos")
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
                add_special_tokens: bool = False) -> list[int]:

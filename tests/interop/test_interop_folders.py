@@ -9,7 +9,7 @@ import torch
 
 from handformer.data.corpora import builtin_text
 from handformer.interop.gpt2 import ConversionError
-from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
+from handformer.interop.hf_folder import export_hf_folder, import_hf_folder
 from handformer.models.decoder_lm import DecoderLM
 from handformer.runs import load_run, save_run
 from handformer.tokenizers import BPETokenizer, CharTokenizer
@@ -28,7 +28,7 @@ def test_hf_folder_imports_as_a_run_and_generates(tmp_path: Path) -> None:
     hf.save_pretrained(tmp_path / "hf")
     tok.save(tmp_path / "hf" / "tokenizer.json")
 
-    run = import_gpt2_folder(tmp_path / "hf", tmp_path / "run")
+    run = import_hf_folder(tmp_path / "hf", tmp_path / "run")
     loaded = load_run(run, kind="lm")
     model, loaded_tok = loaded.model, loaded.tokenizer
     ids = torch.tensor([loaded_tok.encode("def main():")])
@@ -41,7 +41,7 @@ def test_run_exports_to_a_folder_transformers_loads(tmp_path: Path) -> None:
     model = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="learned",
                                   activation="gelu_tanh")).eval()
     save_run(tmp_path / "run", model, tok)
-    out = export_gpt2_folder(tmp_path / "run", tmp_path / "hf")
+    out, _ = export_hf_folder(tmp_path / "run", tmp_path / "hf")
     assert not (out / "handformer_tokenizer.json").exists()  # a tokenizer.json every tool reads
     assert transformers.AutoTokenizer.from_pretrained(out)("hello")["input_ids"] == \
         tok.encode("hello")
@@ -54,13 +54,13 @@ def test_run_exports_to_a_folder_transformers_loads(tmp_path: Path) -> None:
 def test_folder_errors_name_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConversionError, match=r"no config\.json"):
-        import_gpt2_folder(tmp_path / "empty", tmp_path / "run")
+        import_hf_folder(tmp_path / "empty", tmp_path / "run")
     (tmp_path / "bert").mkdir()
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
     with pytest.raises(ConversionError, match="model_type='bert'"):
-        import_gpt2_folder(tmp_path / "bert", tmp_path / "run")
+        import_hf_folder(tmp_path / "bert", tmp_path / "run")
     tok = CharTokenizer.from_text("abc")
     rope = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="rope"))
     save_run(tmp_path / "rope", rope, tok)
     with pytest.raises(ConversionError, match="positional='rope'"):
-        export_gpt2_folder(tmp_path / "rope", tmp_path / "out")
+        export_hf_folder(tmp_path / "rope", tmp_path / "out")

@@ -1,4 +1,5 @@
-"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders, a run → one
+"""``handformer convert``: run folders ↔ Hugging Face ``transformers`` folders (GPT-2, Llama,
+Qwen3), a run → one
 ONNX file, and a run folder → its int8 copy (``--quantize int8``). A destination folder is new,
 empty, or one the same direction wrote before; anything else is refused unless ``--overwrite``
 (``handformer.interop.hf_folder``, ``handformer.runs.quantized``); an ONNX file likewise
@@ -49,7 +50,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote {out} (run it with onnxruntime.InferenceSession; "
               "handformer.interop.onnx_decode.OnnxLM decodes with it)")
         return 0
-    from handformer.interop.hf_folder import export_gpt2_folder, import_gpt2_folder
+    from handformer.interop.hf_folder import export_hf_folder, import_hf_folder
 
     if args.quantize is not None:
         from handformer.runs.quantized import write_quantized_run
@@ -58,10 +59,13 @@ def _run(args: argparse.Namespace) -> int:
         print(f"wrote int8 run folder {out} (try: handformer generate --run {out})")
         return 0
     if args.to == "hf":
-        out = export_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
-        print(f"wrote {out} (load it with transformers: pipeline('text-generation', "
-              f"model='{out}'), AutoTokenizer / GPT2LMHeadModel.from_pretrained)")
+        out, family = export_hf_folder(args.src, args.dst, overwrite=args.overwrite)
+        cls = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM",
+               "qwen3": "Qwen3ForCausalLM"}[family]
+        print(f"wrote {out}, a {family} folder (load it with transformers: "
+              f"pipeline('text-generation', model='{out}'), AutoTokenizer / "
+              f"{cls}.from_pretrained; vLLM serves it: vllm serve {out})")
     else:
-        out = import_gpt2_folder(args.src, args.dst, overwrite=args.overwrite)
+        out = import_hf_folder(args.src, args.dst, overwrite=args.overwrite)
         print(f"wrote run folder {out} (try: handformer generate --run {out})")
     return 0

@@ -27,6 +27,7 @@ __all__ = ["register"]
 def register(sub: Any) -> None:
     """Add ``train`` to ``handformer``'s sub-parsers."""
     from handformer.config import OPTIMIZERS, PRECISIONS, PRESETS, STRATEGIES
+    from handformer.interop.families import FAMILIES
     from handformer.nn.attention import ATTENTION_KINDS
     from handformer.nn.positional import POSITIONAL_KINDS
 
@@ -77,6 +78,10 @@ def register(sub: Any) -> None:
                        help="compile the model with torch.compile")
     train.add_argument("--attention", choices=ATTENTION_KINDS, default=None)
     train.add_argument("--positional", choices=POSITIONAL_KINDS, default=None)
+    train.add_argument("--family", choices=FAMILIES, default=None,
+                       help="give the preset's model the architecture of a Hugging Face "
+                            "family (gpt2, llama, qwen3), so `convert --to hf` writes that "
+                            "family's folder")
     train.add_argument("--log-interval", type=positive_int, default=None)
     train.add_argument("--eval-interval", type=positive_int, default=None)
     train.add_argument("--checkpoint-interval", type=positive_int, default=None,
@@ -206,8 +211,15 @@ def _train_draft(args: argparse.Namespace, say: Any) -> Any:
 
 
 def _model_overrides(args: argparse.Namespace) -> dict[str, object]:
-    return {k: v for k, v in {"attention": args.attention, "positional": args.positional,
-                              "dropout": args.dropout}.items() if v is not None}
+    from handformer.interop.families import FAMILY_ARCHITECTURE
+
+    family = {} if args.family is None else FAMILY_ARCHITECTURE[args.family]
+    if args.family is not None and args.positional not in (None, family["positional"]):
+        raise UsageError(f"--family {args.family} needs positional={family['positional']!r}; "
+                         f"got --positional {args.positional}")
+    return {**family, **{k: v for k, v in {"attention": args.attention,
+                                           "positional": args.positional,
+                                           "dropout": args.dropout}.items() if v is not None}}
 
 
 def _train(args: argparse.Namespace) -> tuple[int, Any]:

@@ -12,12 +12,13 @@ The mapping reads and writes plain state dicts and ``config.json`` dicts, so
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from torch import Tensor
 
 from handformer.config import ModelConfig
+from handformer.interop.errors import ConversionError, check_float_tensors
+from handformer.interop.families import mismatches
 from handformer.models.decoder_lm import DecoderLM
 
 __all__ = ["ConversionError", "check_float_tensors", "config_from_gpt2", "config_to_gpt2",
@@ -25,20 +26,6 @@ __all__ = ["ConversionError", "check_float_tensors", "config_from_gpt2", "config
 
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                 "relu": "relu"}
-
-
-class ConversionError(ValueError):
-    """A checkpoint or configuration that does not map onto the other architecture."""
-
-
-def check_float_tensors(state: dict[str, Tensor], keys: Iterable[str], source: str) -> None:
-    """``ConversionError`` for an integer or boolean tensor where a weight belongs: loading
-    would cast it into float values silently (a model that prints garbage)."""
-    for key in keys:
-        if not state[key].is_floating_point():
-            raise ConversionError(f"{source}: tensor {key!r} holds "
-                                  f"{str(state[key].dtype).removeprefix('torch.')} values "
-                                  "where a floating-point weight belongs")
 
 
 def config_from_gpt2(hf: dict[str, Any]) -> ModelConfig:
@@ -72,13 +59,7 @@ def config_from_gpt2(hf: dict[str, Any]) -> ModelConfig:
 
 def config_to_gpt2(cfg: ModelConfig) -> dict[str, Any]:
     """``ModelConfig`` → a GPT-2 ``config.json`` dict (only for configs GPT-2 can express)."""
-    problems = []
-    expected = {"positional": "learned", "norm": "pre", "tie_weights": True, "bias": True}
-    for name, value in expected.items():
-        if getattr(cfg, name) != value:
-            problems.append(f"{name}={getattr(cfg, name)!r} (GPT-2 needs {value!r})")
-    if cfg.n_kv_heads != cfg.n_heads:
-        problems.append(f"n_kv_heads={cfg.n_kv_heads} (GPT-2 has no grouped-query attention)")
+    problems = mismatches(cfg, "gpt2")
     inverse = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
     if problems:
         raise ConversionError("this model has no GPT-2 equivalent: " + "; ".join(problems))

@@ -14,7 +14,9 @@ carries it as a ``tokenizers`` library ``tokenizer.json`` that says the same thi
   ``CharTokenizer``. ``<unk>`` is not declared special, so decoding with
   ``skip_special_tokens=True`` keeps it visible as U+FFFD — ``CharTokenizer.decode`` does too.
 
-A BPE run's tokenizer already is a ``tokenizers`` file and is written as it is. Both get
+A BPE run's tokenizer (or one imported from a Hub folder) already is a ``tokenizers`` file
+and is written as it is, its special tokens named by their own strings (Llama 3's
+``<|begin_of_text|>``, …; a vocabulary without a pad token gets none). Both get
 ``tokenizer_config.json``, ``special_tokens_map.json`` and ``generation_config.json``
 (bos/eos/pad ids, greedy decoding), which is what ``AutoTokenizer`` and
 ``pipeline("text-generation")`` look for.
@@ -30,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from handformer.atomic import atomic_write_text
+from handformer.interop.errors import ConversionError
 from handformer.interop.files import read_config
-from handformer.interop.gpt2 import ConversionError
 from handformer.tokenizers import (
     SPECIAL_TOKENS,
     CharTokenizer,
@@ -86,9 +88,20 @@ def hf_to_char(data: dict[str, Any]) -> CharTokenizer | None:
     return CharTokenizer(chars)
 
 
-def _side_files(tok: Tokenizer, max_len: int) -> dict[str, dict[str, Any]]:
+def _special_tokens(tok: Tokenizer) -> dict[str, str]:
+    """``bos_token`` / ``eos_token`` / ``pad_token`` → their strings, for those ``tok`` has."""
+    if isinstance(tok, CharTokenizer):
+        return {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    found = {"bos_token": tok.bos_id, "eos_token": tok.eos_id,
+             "pad_token": tok.special_ids.get("pad", tok._find(tok._PAD_NAMES, "pad"))}
+    return {role: tok.backend.id_to_token(idx) for role, idx in found.items()
+            if idx is not None}
+
+
+def _side_files(tok: Tokenizer, max_len: int,
+                chat_template: str | None) -> dict[str, dict[str, Any]]:
     """``tokenizer_config.json``, ``special_tokens_map.json``, ``generation_config.json``."""
-    special = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+    special = _special_tokens(tok)
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast", **special,
         # Decoding must give back exactly the characters: no space clean-up.
@@ -97,27 +110,31 @@ def _side_files(tok: Tokenizer, max_len: int) -> dict[str, dict[str, Any]]:
     }
     if isinstance(tok, CharTokenizer):
         config["split_special_tokens"] = True  # "<eos>" in a text is five characters
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     generation = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
-                  "pad_token_id": tok.pad_id, "do_sample": False,
-                  "max_length": max_len}  # GPT-2 reads no further than its window
+                  "pad_token_id": tok.pad_id if "pad_token" in special else None,
+                  "do_sample": False,
+                  "max_length": max_len}  # a learned-position model reads no further
     return {"tokenizer_config.json": config, "special_tokens_map.json": special,
             "generation_config.json": generation}
 
 
-def write_folder_tokenizer(folder: Path, tok: Tokenizer, max_len: int) -> None:
+def write_folder_tokenizer(folder: Path, tok: Tokenizer, max_len: int, *,
+                           chat_template: str | None = None) -> None:
     """Write ``TOKENIZER_FILES`` for ``tok`` into ``folder`` (each file atomically)."""
     if isinstance(tok, CharTokenizer):
         backend_json = char_to_hf(tok).to_str(pretty=False)
     elif isinstance(tok, HFTokenizer):
-        if None in (tok.bos_id, tok.eos_id) or tok.backend.token_to_id(PAD) is None:
-            raise ConversionError(f"this run's tokenizer has no {PAD}, {BOS} and {EOS} tokens; "
-                                  "a transformers pipeline needs them")
+        if tok.eos_id is None:
+            raise ConversionError("this run's tokenizer names no end-of-text token; a "
+                                  "transformers pipeline needs one to stop")
         backend_json = tok.backend.to_str(pretty=False)
     else:
         raise ConversionError(f"cannot write a {type(tok).__name__} as a Hugging Face "
                               "tokenizer")
     atomic_write_text(folder / "tokenizer.json", backend_json)
-    for name, content in _side_files(tok, max_len).items():
+    for name, content in _side_files(tok, max_len, chat_template).items():
         atomic_write_text(folder / name, json.dumps(content, indent=2, ensure_ascii=False))
 
 

@@ -52,11 +52,13 @@ from handformer.runs.files import (
     save_weights,
     write_json,
 )
-from handformer.tokenizers import Tokenizer, load_tokenizer
+from handformer.tokenizers import HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["RUN_KINDS", "Run", "RunKind", "load_run", "run_kind", "save_run"]
 
 RunKind = Literal["lm", "classifier", "seq2seq"]
+SPECIAL_TOKENS_KEY = "special_tokens"  # config.json: bos/eos/pad ids a tokenizer cannot name
+
 # kind → (the config.json key holding the model's config, the command that writes it)
 RUN_KINDS: dict[str, tuple[str, str]] = {
     "lm": ("model", "handformer train"),
@@ -111,6 +113,9 @@ def save_run(
               "train": None if train_config is None else train_config.to_dict(),
               **(extra or {})}
     config.pop(QUANTIZATION_KEY, None)  # what the model holds is recorded, nothing else
+    config.pop(SPECIAL_TOKENS_KEY, None)
+    if getattr(tokenizer, "special_ids", None):  # ids a published model's config stated
+        config[SPECIAL_TOKENS_KEY] = dict(tokenizer.special_ids)  # type: ignore[union-attr]
     quantized = quantization_info(model)
     if quantized is not None:
         config[QUANTIZATION_KEY] = quantized
@@ -150,6 +155,20 @@ def _quantized_layout(model: nn.Module, config: dict[str, Any], path: Path) -> N
         raise RunFolderError(f"{path}: {err}") from None
 
 
+def _with_special_ids(tokenizer: Tokenizer, config: dict[str, Any], path: Path) -> Tokenizer:
+    """The tokenizer with the special ids ``config.json`` records (``special_tokens``)."""
+    special = config.get(SPECIAL_TOKENS_KEY)
+    if special is None:
+        return tokenizer
+    if not isinstance(tokenizer, HFTokenizer) or not isinstance(special, dict):
+        raise RunFolderError(f"{path}: {SPECIAL_TOKENS_KEY!r} must be an object of ids, for a "
+                             f"Hugging Face tokenizer; got {special!r}")
+    try:
+        return type(tokenizer)(tokenizer.backend, special_ids=special)
+    except ValueError as err:
+        raise RunFolderError(f"{path}: {err}") from None
+
+
 def load_run(run_dir: str | Path, *, device: str = "cpu",
              kind: RunKind | tuple[RunKind, ...] | None = None) -> Run:
     """Rebuild the model a run folder describes and load its weights and tokenizer.
@@ -182,6 +201,7 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
     except (KeyError, TypeError, ValueError, OSError) as err:
         raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
                              f"({type(err).__name__}: {err})") from None
+    tokenizer = _with_special_ids(tokenizer, config, run_dir / CONFIG)
     check_tokenizer_fits(tokenizer, skeleton.config, run_dir / TOKENIZER, run_dir / CONFIG)
     labels = None
     if found == "classifier":
