@@ -60,6 +60,12 @@ CASES = {  # every positional kind, and the head layouts and norms around them
     "rope-gqa": dict(positional="rope", n_kv_heads=2),
     "alibi-mqa": dict(positional="alibi", n_kv_heads=1, attention="manual"),
     "rope-tiled": dict(positional="rope", attention="tiled"),
+    # The Hugging Face families' twins (interop.families), head_dim set apart as Qwen3 does.
+    "llama": dict(positional="rope", norm_type="rmsnorm", activation="swiglu", bias=False,
+                  n_kv_heads=2, rope_scaling="llama3", rope_factor=8.0,
+                  rope_original_max_len=8),
+    "qwen3": dict(positional="rope", norm_type="rmsnorm", activation="swiglu", bias=False,
+                  n_kv_heads=2, qk_norm=True, head_dim=16, layer_norm_eps=1e-6),
 }
 
 
@@ -79,7 +85,8 @@ def test_onnx_logits_equal_handformer_s_with_dynamic_batch_and_sequence(
         assert np.abs(logits - expected).max() <= TOLERANCE, (case, b, t)
 
 
-@pytest.mark.parametrize("case", ["learned", pytest.param("rope-gqa", marks=pytest.mark.slow),
+@pytest.mark.parametrize("case", ["learned", "qwen3",
+                                  pytest.param("rope-gqa", marks=pytest.mark.slow),
                                   pytest.param("alibi-mqa", marks=pytest.mark.slow)])
 def test_cached_onnx_decoding_equals_handformer_generate(tmp_path: Path, case: str) -> None:
     """Greedy, token by token through past → present, past the window (the slide and
