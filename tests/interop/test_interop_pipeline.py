@@ -29,12 +29,14 @@ TEXT = "".join(f"def f{i}(x):\n\treturn x + {i}  # Ünïcode “quotes” — ok
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
-    """A character run and a BPE run trained here (seconds each), and their ``convert --to
-    hf`` folders."""
+    """A character run and a BPE run trained here (seconds each, GPT-2's twins), character
+    runs of the Llama and Qwen3 families, and their ``convert --to hf`` folders."""
     root = tmp_path_factory.mktemp("pipeline")
     (root / "text.txt").write_text(TEXT, encoding="utf-8")
     folders = {}
-    for name, extra in (("char", []), ("bpe", ["--tokenizer", "bpe", "--vocab-size", "300"])):
+    kinds = (("char", []), ("bpe", ["--tokenizer", "bpe", "--vocab-size", "300"]),
+             ("llama", ["--family", "llama"]), ("qwen3", ["--family", "qwen3"]))
+    for name, extra in kinds:
         run, hf = root / f"{name}-run", root / f"{name}-hf"
         assert main([*TRAIN, *extra, "--data", str(root / "text.txt"), "--out", str(run)]) == 0
         assert main(["convert", "--to", "hf", str(run), str(hf)]) == 0
@@ -52,14 +54,17 @@ def _handformer_greedy(run: Path, prompt: str, new: int,
     return out[:-1]  # the prompt and its continuation
 
 
-@pytest.mark.parametrize("kind", ["char", "bpe"])
+@pytest.mark.parametrize("kind", ["char", "bpe", "llama", "qwen3"])
 @pytest.mark.parametrize("prompt", ["def ", "x):\n\treturn", "Ünïcode “q", "an unseen word: "])
 def test_text_generation_pipeline_gives_handformer_generate_s_greedy_text(
         converted: dict[str, tuple[Path, Path]], kind: str, prompt: str,
         capsys: pytest.CaptureFixture[str]) -> None:
     run, hf = converted[kind]
     tokenizer = load_run(run, kind="lm").tokenizer
-    assert isinstance(tokenizer, CharTokenizer if kind == "char" else BPETokenizer)
+    assert isinstance(tokenizer, BPETokenizer if kind == "bpe" else CharTokenizer)
+    family = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(kind,
+                                                                           "GPT2LMHeadModel")
+    assert json.loads((hf / "config.json").read_text())["architectures"] == [family]
     new = WINDOW - len(tokenizer.encode(prompt))  # stay inside GPT-2's window
     ours = _handformer_greedy(run, prompt, new, capsys)
     pipe = transformers.pipeline("text-generation", model=str(hf))

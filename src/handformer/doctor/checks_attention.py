@@ -50,8 +50,9 @@ POSITION_HINT = ("add the positional encoding to the token embeddings, x = embed
 def _raw_scores(r: AttentionRecord) -> tuple[Tensor, Tensor | None]:
     """q·kᵀ (B, H, T, S) before any scaling, and the ALiBi bias, from the layer's input."""
     m = r.module
-    b, t, c = r.x.shape
-    q, k, _ = F.linear(r.x, m.in_proj.weight, m.in_proj.bias).split([c, m.kv_dim, m.kv_dim], -1)
+    b, t, _ = r.x.shape
+    qkv = F.linear(r.x, m.in_proj.weight, m.in_proj.bias)  # (B, T, H·D + 2·Hkv·D)
+    q, k, _ = qkv.split([m.n_heads * m.head_dim, m.kv_dim, m.kv_dim], -1)
     q = q.view(b, t, m.n_heads, m.head_dim).transpose(1, 2)  # (B, H, T, D)
     k = k.view(b, t, m.n_kv_heads, m.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
     if getattr(m, "q_norm", None) is not None:  # QK-norm: normalised before RoPE, as in forward
