@@ -64,3 +64,19 @@ def test_folder_errors_name_what_is_missing(tmp_path: Path) -> None:
     save_run(tmp_path / "rope", rope, tok)
     with pytest.raises(ConversionError, match="positional='rope'"):
         export_hf_folder(tmp_path / "rope", tmp_path / "out")
+
+
+def test_an_int8_run_is_refused_naming_the_fp32_run_it_came_from(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from handformer.cli import main
+
+    tok = CharTokenizer.from_text("hello world")
+    save_run(tmp_path / "run", DecoderLM(tiny_config(vocab_size=tok.vocab_size,
+                                                     positional="learned")), tok)
+    assert main(["convert", "--quantize", "int8", str(tmp_path / "run"),
+                 str(tmp_path / "int8")]) == 0
+    capsys.readouterr()
+    assert main(["convert", "--to", "hf", str(tmp_path / "int8"), str(tmp_path / "hf")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "holds int8 weights" in err and str((tmp_path / "run").resolve()) in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "hf").exists()
