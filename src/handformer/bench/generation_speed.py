@@ -126,7 +126,7 @@ def step_bytes(model: nn.Module, mean_context: float, cache_dtype: torch.dtype) 
         if emb.weight.data_ptr() not in seen:
             total += emb.weight.shape[1] * emb.weight.element_size()
     cfg = model.config  # type: ignore[union-attr]
-    kv_width = 2 * cfg.n_kv_heads * (cfg.d_model // cfg.n_heads)
+    kv_width = 2 * cfg.n_kv_heads * cfg.head_dim
     return total + cfg.n_layers * kv_width * mean_context * torch.empty(
         (), dtype=cache_dtype).element_size()
 
