@@ -3,8 +3,8 @@
 A handformer language model leaves as one of three ``transformers`` classes, each an exact
 twin of some ``ModelConfig`` settings:
 
-* ``gpt2`` (``GPT2LMHeadModel``): learned positions, LayerNorm (ε 1e-5) with biases, a GELU
-  or ReLU MLP, tied head, plain multi-head attention;
+* ``gpt2`` (``GPT2LMHeadModel``): learned positions, LayerNorm (ε 1e-5), a GELU or ReLU MLP,
+  tied head, plain multi-head attention; a model without biases leaves with zero biases;
 * ``llama`` (``LlamaForCausalLM``): RoPE (optionally scaled), RMSNorm, SwiGLU, no biases,
   grouped-query attention allowed, tied or untied head;
 * ``qwen3`` (``Qwen3ForCausalLM``): Llama plus per-head RMSNorm on queries and keys before
@@ -60,7 +60,6 @@ _CHECKS: dict[str, list[Check]] = {
         ("norm_type", lambda c: c.norm_type == "layernorm", "'layernorm'"),
         ("activation", lambda c: c.activation in ("gelu", "gelu_tanh", "relu"),
          "'gelu', 'gelu_tanh' or 'relu'"),
-        ("bias", lambda c: c.bias, "True"),
         ("tie_weights", lambda c: c.tie_weights, "True"),
         ("n_kv_heads", lambda c: c.n_kv_heads == c.n_heads, "n_heads (no grouped-query)"),
         ("head_dim", lambda c: c.head_dim * c.n_heads == c.d_model, "d_model / n_heads"),

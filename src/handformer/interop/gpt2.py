@@ -134,7 +134,13 @@ def to_gpt2_state_dict(model: DecoderLM) -> dict[str, Tensor]:
     """A ``DecoderLM``'s weights under GPT-2's names and layouts (ready for
     ``GPT2LMHeadModel.load_state_dict``)."""
     config_to_gpt2(model.config)  # raises if the architecture has no GPT-2 twin
-    ours = model.state_dict()
+    ours = dict(model.state_dict())
+    if not model.config.bias:  # GPT-2 has biases everywhere: zeros are the same function
+        biased = ("norm1.weight", "norm2.weight", "final_norm.weight", "in_proj.weight",
+                  "out_proj.weight", "fc_in.weight", "fc_out.weight")
+        for name, weight in list(ours.items()):
+            if name.endswith(biased):
+                ours[name.removesuffix("weight") + "bias"] = weight.new_zeros(weight.shape[0])
     state = {hf_key: (ours[our_key].t() if transpose else ours[our_key]).contiguous().clone()
              for hf_key, our_key, transpose in _key_map(model.config)}
     state["lm_head.weight"] = state["transformer.wte.weight"]
