@@ -182,6 +182,8 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
     except (KeyError, TypeError, ValueError, OSError) as err:
         raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
                              f"({type(err).__name__}: {err})") from None
+    # The weights against the config first: a config edited by hand is named by its field.
+    check_weights_fit(skeleton, run_dir / WEIGHTS, run_dir / CONFIG)
     check_tokenizer_fits(tokenizer, skeleton.config, run_dir / TOKENIZER, run_dir / CONFIG)
     labels = None
     if found == "classifier":
@@ -194,7 +196,6 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         if len(labels) != classes:
             raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
                                  f"model has {classes} classes")
-    check_weights_fit(skeleton, run_dir / WEIGHTS, run_dir / CONFIG)
     model = _build(found, config[key])
     _quantized_layout(model, config, run_dir / CONFIG)
     load_weights(model, run_dir / WEIGHTS, device=device)
