@@ -33,6 +33,7 @@ from handformer.interop.hf_tokenizer import (
     write_folder_tokenizer,
 )
 from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
+from handformer.runs.guard import remove_if_ours
 
 __all__ = ["HF_FOLDER", "export_gpt2_folder", "import_gpt2_folder"]
 
@@ -120,5 +121,5 @@ def export_gpt2_folder(run_dir: str | Path, out: str | Path, *,
         tmp.replace(out / "model.safetensors")
         atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2))
         write_folder_tokenizer(out, tokenizer, model.config.max_len)
-        (out / "handformer_tokenizer.json").unlink(missing_ok=True)  # an older export's
+        remove_if_ours(out, "handformer_tokenizer.json")  # an older export's, never the user's
     return out

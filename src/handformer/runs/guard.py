@@ -83,7 +83,7 @@ __all__ = [
     "CHECKPOINTS", "CLASSIFIER_FOLDER", "CONFUSION", "FOLDER_MARKER", "LM_FOLDER", "LOSS_CURVE",
     "RUN_FOLDERS", "SEQ2SEQ_FOLDER", "TENSORBOARD", "FolderSpec", "FolderState",
     "check_destination", "check_in_place", "describe_run", "folder_path", "read_folder",
-    "writing_folder",
+    "remove_if_ours", "writing_folder",
 ]
 
 FOLDER_MARKER = ".handformer.json"
@@ -481,6 +481,19 @@ def _clean(state: FolderState, spec: FolderSpec) -> None:
                 remove_checkpoint_entry(entry)
         if sub not in kept:
             _rmdir_if_empty(path)
+
+
+def remove_if_ours(folder: str | os.PathLike[str], name: str) -> None:
+    """Remove ``folder/name`` (a file of an older version of the output) unless the folder's
+    marker records it among the names that were there before handformer claimed the folder:
+    those are the user's own, and stay. A link is never removed through."""
+    folder = Path(folder)
+    try:
+        kept = json.loads((folder / FOLDER_MARKER).read_text(encoding="utf-8")).get("kept", [])
+    except (OSError, ValueError, AttributeError):
+        return  # no marker of ours: nothing here is known to be ours
+    if name not in kept and not (folder / name).is_dir():
+        (folder / name).unlink(missing_ok=True)
 
 
 def _write_marker(state: FolderState, spec: FolderSpec) -> None:
