@@ -14,6 +14,14 @@
   never in the answer. No request is answered by dropping the connection.
 * A connection that sends nothing for ``idle_timeout`` seconds (5) is closed, so idle or
   half-sent requests do not hold a thread each forever.
+* Up to ``REQUEST_QUEUE`` connections wait to be accepted (the standard library's default,
+  5, left a burst of a few hundred page requests unanswered for a minute).
+* Stopping (Ctrl-C, ``shutdown``) lets every request in progress finish and joins its
+  thread: handler threads are not daemons. A daemon thread still inside a torch operation
+  when the interpreter exits is cut off mid-call, and the process then aborts in torch's
+  thread pool ("terminate called without an active exception") instead of exiting 0.
+  Connections that are only waiting for their next request are woken (their reading side
+  shut), so stopping waits for work, never for an idle client.
 
 Routes::
 
@@ -35,6 +43,7 @@ import ipaddress
 import json
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -55,11 +64,12 @@ from handformer.explore.payload import (
     shown,
 )
 
-__all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "ExploreServer", "RemoteBindError", "check_host",
-           "is_loopback"]
+__all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "REQUEST_QUEUE", "ExploreServer", "RemoteBindError",
+           "check_host", "is_loopback"]
 
 MAX_BODY = 64 * 1024
 IDLE_TIMEOUT_S = 5.0  # seconds a connection may stay silent before it is closed
+REQUEST_QUEUE = 1024  # connections the kernel holds for accept() (listen's backlog)
 _DRAIN_LIMIT = 1024 * 1024  # read (and drop) at most this much of a refused body
 _LINGER_S = 1.0  # at most this long to read what a client still sends after our answer
 STATIC_FILES = {
@@ -112,8 +122,10 @@ def _layer(body: dict[str, Any], explorer: Explorer) -> int:
 class ExploreServer(ThreadingHTTPServer):
     """One run's explorer behind HTTP. ``port=0`` picks a free port (see ``url``)."""
 
-    daemon_threads = True
+    daemon_threads = False  # joined when the server closes: see the module docstring
+    block_on_close = True
     allow_reuse_address = True
+    request_queue_size = REQUEST_QUEUE
 
     def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 0, *,
                  allow_remote: bool = False, max_body: int = MAX_BODY,
@@ -127,6 +139,8 @@ class ExploreServer(ThreadingHTTPServer):
         self.max_body = max_body
         self.idle_timeout = idle_timeout
         self.verbose = verbose
+        self._open: set[socket.socket] = set()  # connections a handler thread is serving
+        self._open_lock = threading.Lock()
         if ":" in host.strip("[]"):
             self.address_family = socket.AF_INET6
         super().__init__((host.strip("[]"), port), ExploreHandler)
@@ -148,6 +162,22 @@ class ExploreServer(ThreadingHTTPServer):
             return
         super().handle_error(request, client_address)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def server_close(self) -> None:
+        """Stop listening, wake the connections that only wait for a next request, and join
+        every handler thread (requests in progress finish first)."""
+        self.socket.close()
+        with self._open_lock:
+            waiting = list(self._open)
+        for request in waiting:
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RD)  # a blocked read returns: the handler ends
+        super().server_close()
+
     def shutdown_request(self, request: Any) -> None:
         """A lingering close: say we are done writing, then read (and drop) what the client
         is still sending, for a bounded time, before closing. Closing a socket that holds
@@ -163,6 +193,8 @@ class ExploreServer(ThreadingHTTPServer):
                 if not chunk:
                     break
                 drained += len(chunk)
+        with self._open_lock:
+            self._open.discard(request)
         self.close_request(request)
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
