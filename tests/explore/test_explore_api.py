@@ -410,11 +410,11 @@ def test_a_burst_of_200_connections_is_queued_and_every_one_answered(lm_dir: Pat
     server = ExploreServer(Explorer(load_explore_run(lm_dir)), "127.0.0.1", 0)
     host, port = server.server_address[:2]
     socks: list[socket.socket] = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     try:
         for _ in range(200):  # before the server accepts anything: only the backlog holds them
             sock = socket.create_connection((host, port), timeout=3)
             socks.append(sock)
-        thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         for sock in socks:
             sock.sendall(b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close"
@@ -431,7 +431,8 @@ def test_a_burst_of_200_connections_is_queued_and_every_one_answered(lm_dir: Pat
     finally:
         for sock in socks:
             sock.close()
-        server.shutdown()
+        if thread.is_alive():
+            server.shutdown()
         server.server_close()
 
 

@@ -152,10 +152,13 @@ class ExploreServer(ThreadingHTTPServer):
         return f"http://{shown}:{port}/"
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """Last resort for an exception that escaped a handler: a client that went away is
-        one log line; anything else is a bug, logged with its traceback."""
+        """Last resort for an exception that escaped a handler: a connection that ended (the
+        client went away, or Ctrl-C closed it between its accept and its thread's start) is
+        one log line; anything else is a bug, logged with its traceback. Every error of a
+        request itself is answered inside the handler, so an ``OSError`` that escapes it is
+        the socket's."""
         err = sys.exc_info()[1]
-        if isinstance(err, ConnectionError | TimeoutError):
+        if isinstance(err, OSError):
             if self.verbose:
                 print(f"explore: connection from {client_address[0]} ended: {err!r}",
                       file=sys.stderr)
@@ -163,13 +166,34 @@ class ExploreServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the connection to a thread of its own, which alone closes it: from here on
+        the serving loop does not (see ``shutdown_request``)."""
         with self._open_lock:
             self._open.add(request)
         super().process_request(request, client_address)
 
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self._close_connection(request)
+
+    def shutdown_request(self, request: Any) -> None:
+        """Called by the serving loop when handing a connection over failed — also when
+        Ctrl-C lands between a handler thread's start and the loop's next line: a connection
+        a thread already owns is left to it (closing it under the thread's feet would cut
+        its answer off with a broken pipe)."""
+        with self._open_lock:
+            owned = request in self._open
+        if not owned:
+            self._close_connection(request)
+
     def server_close(self) -> None:
-        """Stop listening, wake the connections that only wait for a next request, and join
-        every handler thread (requests in progress finish first)."""
+        """Stop listening, wake the connections that only wait for a next request, join
+        every handler thread (requests in progress finish first), then close whatever no
+        thread took over."""
         self.socket.close()
         with self._open_lock:
             waiting = list(self._open)
@@ -177,8 +201,12 @@ class ExploreServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 request.shutdown(socket.SHUT_RD)  # a blocked read returns: the handler ends
         super().server_close()
+        with self._open_lock:
+            left, self._open = list(self._open), set()
+        for request in left:
+            self.close_request(request)
 
-    def shutdown_request(self, request: Any) -> None:
+    def _close_connection(self, request: Any) -> None:
         """A lingering close: say we are done writing, then read (and drop) what the client
         is still sending, for a bounded time, before closing. Closing a socket that holds
         unread bytes sends a reset, which can destroy the answer before the client reads it
@@ -442,12 +470,16 @@ class ExploreHandler(BaseHTTPRequestHandler):
 
     def _internal_error(self, err: Exception) -> None:
         """A 500 with a JSON body for a bug, its traceback in the server's log. If the answer
-        had already begun (or the client is gone) there is nothing left to send."""
-        traceback.print_exc(file=sys.stderr)
-        if self._answered or isinstance(err, ConnectionError):
-            self.close_connection = True
-            return
+        had already begun (or the client is gone) there is nothing left to send; a client
+        that went away mid-answer is not a bug, and leaves no traceback."""
         self.close_connection = True
+        if isinstance(err, ConnectionError):
+            if self.server.verbose:
+                print(f"explore: {self.client_address[0]} went away: {err!r}", file=sys.stderr)
+            return
+        traceback.print_exc(file=sys.stderr)
+        if self._answered:
+            return
         what = str(err) if len(str(err)) <= 300 else str(err)[:300] + " …"
         with contextlib.suppress(OSError):  # the client may be gone
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR,
