@@ -39,3 +39,19 @@ def test_a_target_transform_adds_its_own_rows() -> None:
     assert {"same target alone", "same target + draft, K=2", "target alone"} <= set(names)
     same = next(r for r in rows if r["contender"] == "same target + draft, K=2")
     assert same["identical"] and same["acceptance_rate"] == pytest.approx(1.0)
+
+
+def test_a_pair_of_missing_or_foreign_folders_is_one_line_not_a_traceback(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's ``--pair NAME TARGET DRAFT`` with folders that are not there (or are not
+    runs): one error line naming them, exit 1, nothing written."""
+    out = tmp_path / "speculative.json"
+    (tmp_path / "empty").mkdir()
+    for target, draft, named in ((tmp_path / "gone", tmp_path / "gone-draft", "gone-draft"),
+                                 (tmp_path / "empty", tmp_path / "empty", "empty")):
+        assert main(["--pair", "x", str(target), str(draft), "--out", str(out)]) == 1
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("speculative_speed: error: --pair 'x'")
+        assert named in lines[0]
+    assert not out.exists()

@@ -23,15 +23,21 @@ written to THE CONTRACT's final behaviour while they were being built): A run-fo
 B validation, C exit codes and budgets; "AC"/"BC": A's or B's refusal, with C's exit code 1
 for it; "D": found by this table once A, B and C had landed, and fixed with it (seeds and
 devices as argparse types, experiment's counts as positive ints, a damaged transformers or
-BERT config.json / model.safetensors named). Empty: right before any of them. A case that
+BERT config.json / model.safetensors named); "E": the second sweep — a run folder as
+untrusted input (markers naming files outside or not ours, links where handformer reads or
+writes, checkpoints renamed), trained runs replaced only with --overwrite, non-finite state
+never resumed, tokenizers smaller than the vocabulary, folders another process writes.
+Empty: right before any of them. A case that
 was right at the start may still carry a part: the one whose change had to keep it right
 (a usage error that exited 2 only because every ValueError did, before C's mapping).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import select
@@ -231,6 +237,79 @@ def _bigger_vocab(tok: dict[str, Any]) -> None:
     tok["chars"] = list(tok["chars"]) + [chr(0x4E00 + i) for i in range(300)]
 
 
+def _smaller_vocab(tok: dict[str, Any]) -> None:
+    tok["chars"] = list(tok["chars"])[:-3]
+
+
+# -- set-ups for the second sweep: markers, links, replaced runs, non-finite state, locks -------
+def marker(folder: str, **fields: Any) -> Setup:
+    """Edit ``folder``'s ``.handformer.json``; a callable value gets the case folder (for
+    absolute paths into it)."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        path = case / folder / ".handformer.json"
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data.update({k: v(case) if callable(v) else v for k, v in fields.items()})
+        path.write_text(json.dumps(data), encoding="utf-8")
+    return setup
+
+
+def link(name: str, target: str) -> Setup:
+    """``name`` becomes a symbolic link to ``target`` (relative to the link's folder, as
+    ``ln -s`` takes it); whatever was at ``name`` goes first."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        path = case / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, path)
+    return setup
+
+
+def rename(src: str, dst: str) -> Setup:
+    def setup(case: Path, fx: Fixtures) -> None:
+        (case / src).rename(case / dst)
+    return setup
+
+
+_HELD: list[Any] = []  # locks this test process holds while the cases run
+
+
+def locked(folder: str) -> Setup:
+    """Another live process (this test's) writes ``folder``: it holds the folder's lock."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        from handformer.runs import FolderLock
+
+        _HELD.append(FolderLock(case / folder, command="handformer train").acquire())
+    return setup
+
+
+def claimed_for_hf_export(folder: str) -> Setup:
+    """``folder`` claimed by ``convert --to hf --overwrite`` as it was: its files are then
+    recorded in the marker as the user's own (``kept``)."""
+    def setup(case: Path, fx: Fixtures) -> None:
+        from handformer.interop.hf_folder import HF_FOLDER
+        from handformer.runs import writing_folder
+
+        with writing_folder(case / folder, HF_FOLDER, overwrite=True):
+            pass
+    return setup
+
+
+def _non_finite(prefix: str, value: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Put ``value`` into the first floating tensor whose name starts with ``prefix``."""
+    def change(tensors: dict[str, Any]) -> dict[str, Any]:
+        name = next(k for k, v in sorted(tensors.items())
+                    if k.startswith(prefix) and v.is_floating_point() and v.numel() > 1)
+        tensor = tensors[name].clone()
+        tensor.view(-1)[0] = value
+        return {**tensors, name: tensor}
+    return change
+
+
+CKPT = "lm/checkpoints/step-00000002"
+RESUME = ["train", "--resume", "lm", "--max-steps", "4", "--no-progress"]
 TEXT = "the quick brown fox jumps over the lazy dog. " * 400
 CSV = "text,label\n" + "".join(f"{'ab' * (i % 7 + 1)},{'yes' if i % 2 else 'no'}\n"
                                for i in range(60))
@@ -637,6 +716,172 @@ CASES: list[Case] = [
                                 "theirs"], 1, "theirs", foreign("theirs"), part="AC"),
     C("bench-data-missing", ["bench", "--quick", "--only", "time_to_loss", "--data", "t.txt",
                              "--out-dir", "out"], 1, "t.txt", part="C"),
+    # ================================================================ the second sweep
+    # Part "E": a run folder is untrusted input (its marker, links, checkpoints), no trained
+    # run replaced without a word, nothing non-finite committed, tokenizers that do not fit.
+    # ---------------------------------------------------------------- markers
+    C("train-out-marker-names-the-parent", [*TRAIN, "--out", "parent/lm"], 1,
+      ".handformer.json", copy("lm", "parent/lm"), write("parent/notes.txt", "mine\n"),
+      marker("parent/lm", names=["../*"]), part="E"),
+    C("train-overwrite-marker-names-the-parent", [*TRAIN, "--out", "parent/lm", "--overwrite"],
+      1, ".handformer.json", copy("lm", "parent/lm"), write("parent/notes.txt", "mine\n"),
+      marker("parent/lm", names=["../*"]), part="E"),
+    C("train-out-marker-names-everything", [*TRAIN, "--out", "lm"], 1, "'*'",
+      copy("lm"), write("lm/notes.txt", "mine\n"), marker("lm", names=["*"]), part="E"),
+    C("train-overwrite-marker-names-everything", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "'*'", copy("lm"), write("lm/notes.txt", "mine\n"), marker("lm", names=["*"]),
+      part="E"),
+    C("train-out-marker-names-an-absolute-path", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "not a plain name", copy("lm"), write("victim.txt", "mine\n"),
+      marker("lm", names=lambda case: [str(case / "victim.txt")]), part="E"),
+    C("train-out-marker-names-a-users-file", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "notes.txt", copy("lm"), write("lm/notes.txt", "mine\n"),
+      marker("lm", names=["model.safetensors", "notes.txt"]), part="E"),
+    C("train-out-marker-checkpoints-of-another-run", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "checkpoint folder", copy("lm"), copy("lm", "other"),
+      marker("lm", checkpoints="../other/checkpoints"), part="E"),
+    C("train-out-marker-checkpoints-absolute", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "checkpoint folder", copy("lm"), copy("lm", "other"),
+      marker("lm", checkpoints=lambda case: str(case / "other" / "checkpoints")), part="E"),
+    C("train-out-marker-checkpoints-a-users-folder", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "checkpoint folder", copy("lm"), write("lm/mine/step-00000001/COMMITTED.json", "{}"),
+      marker("lm", checkpoints="mine"), part="E"),
+    C("train-out-marker-kept-not-a-list", [*TRAIN, "--out", "lm"], 1, "damaged",
+      copy("lm"), marker("lm", kept="../*"), part="E"),
+    C("train-out-marker-of-an-unknown-kind", [*TRAIN, "--out", "lm"], 1, "does not know",
+      copy("lm"), marker("lm", kind="time-machine", names=["*"]), part="E"),
+    C("classify-out-marker-names-the-parent", [*CLF_TRAIN, "--out", "parent/clf",
+                                               "--overwrite"], 1, ".handformer.json",
+      copy("clf", "parent/clf"), write("parent/notes.txt", "mine\n"),
+      marker("parent/clf", names=["../*"]), part="E"),
+    C("seq2seq-out-marker-names-everything", [*S2S_TRAIN, "--out", "s2s", "--overwrite"], 1,
+      "'*'", copy("s2s"), marker("s2s", names=["*"]), part="E"),
+    C("convert-to-hf-marker-names-the-parent", ["convert", "--to", "hf", "lm", "out/hf",
+                                                "--overwrite"], 1, ".handformer.json",
+      copy("lm"), copy("hf", "out/hf"), write("out/notes.txt", "mine\n"),
+      marker("out/hf", names=["../*"]), part="E"),
+    C("bench-out-dir-marker-names-the-parent", ["bench", "--quick", "--only", "tokenizer",
+                                                "--out-dir", "parent/b"], 1, ".handformer.json",
+      write("parent/notes.txt", "mine\n"),
+      write("parent/b/.handformer.json", json.dumps({
+          "format": "handformer-folder", "version": 1, "kind": "bench",
+          "what": "benchmark results", "command": "handformer bench", "names": ["../*"],
+          "checkpoints": None, "resume": None, "kept": []})), part="E"),
+    C("doctor-pictures-marker-names-everything", [*DOCTOR, "--pictures", "pics"], 1, "'*'",
+      write("pics/notes.txt", "mine\n"),
+      write("pics/.handformer.json", json.dumps({
+          "format": "handformer-folder", "version": 1, "kind": "doctor-pictures",
+          "what": "the doctor's pictures", "command": "handformer doctor --pictures",
+          "names": ["*"], "checkpoints": None, "resume": None, "kept": []})), part="E"),
+    # ---------------------------------------------------------------- links
+    C("train-out-marker-is-a-link", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "symbolic link", copy("lm"), write("elsewhere.json", "{}"),
+      link("lm/.handformer.json", "../elsewhere.json"), part="E"),
+    C("train-out-lock-is-a-link", [*TRAIN, "--out", "lm", "--overwrite"], 1, "symbolic link",
+      copy("lm"), write("victim.txt", "do not truncate\n"),
+      link("lm/.handformer.lock", "../victim.txt"), part="E"),
+    C("train-out-checkpoints-link-to-another-run", [*TRAIN, "--out", "fresh"], 1,
+      "symbolic link", copy("lm"), mkdir("fresh"),
+      link("fresh/checkpoints", "../lm/checkpoints"), part="E"),
+    C("train-overwrite-checkpoints-link-to-another-run", [*TRAIN, "--out", "fresh",
+                                                          "--overwrite"], 1, "symbolic link",
+      copy("lm"), mkdir("fresh"), write("fresh/notes.txt", "mine\n"),
+      link("fresh/checkpoints", "../lm/checkpoints"), part="E"),
+    C("train-out-checkpoint-entry-is-a-link", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "step-00000009", copy("lm"), copy("lm", "other"),
+      link("lm/checkpoints/step-00000009", "../../other/checkpoints/step-00000002"), part="E"),
+    C("train-out-weights-are-a-link", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "model.safetensors", copy("lm"), copy("lm", "other"),
+      link("lm/model.safetensors", "../other/model.safetensors"), part="E"),
+    C("train-out-tensorboard-is-a-link", [*TRAIN, "--out", "lm", "--overwrite"], 1,
+      "tensorboard", copy("lm"), write("theirs/events.out.tfevents.1", b"\x00theirs"),
+      link("lm/tensorboard", "../theirs"), part="E"),
+    C("resume-checkpoints-link-to-another-run", [*RESUME[:2], "lm2", *RESUME[3:]], 1,
+      "symbolic link", copy("lm"), copy("lm", "lm2"),
+      link("lm2/checkpoints", "../lm/checkpoints"), part="E"),
+    C("resume-checkpoint-is-a-link", RESUME, 1, "step-00000002", copy("lm"),
+      copy("lm", "other"), link(CKPT, "../../other/checkpoints/step-00000002"), part="E"),
+    C("resume-metrics-is-a-link", RESUME, 1, "metrics.jsonl", copy("lm"),
+      write("victim.txt", "do not append\n"), link("lm/metrics.jsonl", "../victim.txt"),
+      part="E"),
+    C("resume-checkpoint-file-is-a-link", RESUME, 1, "trainer_state.json", copy("lm"),
+      copy("lm", "other"),
+      link(f"{CKPT}/trainer_state.json",
+           "../../../other/checkpoints/step-00000002/trainer_state.json"), part="E"),
+    # ---------------------------------------------------------------- replaced runs
+    C("train-out-finished-run", [*TRAIN, "--out", "lm"], 1, "finished (trained 2 steps",
+      copy("lm"), part="E"),
+    C("train-draft-for-itself", ["train", "--draft-for", "lm", "--out", "lm", "--max-steps",
+                                 "2", "--no-progress"], 2, "--draft-for", copy("lm"),
+      part="E"),
+    C("train-draft-for-itself-overwrite", ["train", "--draft-for", "lm", "--out", "./lm",
+                                           "--max-steps", "2", "--no-progress",
+                                           "--overwrite"], 2, "--draft-for", copy("lm"),
+      part="E"),
+    C("train-draft-into-a-finished-run", ["train", "--draft-for", "lm", "--out", "lm2",
+                                          "--max-steps", "2", "--no-progress"], 1, "finished",
+      copy("lm"), copy("lm", "lm2"), part="E"),
+    C("classify-out-finished-run", [*CLF_TRAIN, "--out", "clf"], 1, "finished", copy("clf"),
+      part="E"),
+    C("seq2seq-out-finished-run", [*S2S_TRAIN, "--out", "s2s"], 1, "finished", copy("s2s"),
+      part="E"),
+    C("convert-from-into-a-trained-run", ["convert", "--from", "hf", "hf", "lm"], 1,
+      "finished (trained 2 steps", copy("hf"), hf_tokenizer("hf"), copy("lm"), part="E"),
+    C("convert-quantize-into-a-trained-run", ["convert", "--quantize", "int8", "lm", "lm2"], 1,
+      "finished (trained 2 steps", copy("lm"), copy("lm", "lm2"), part="E"),
+    C("convert-quantize-into-itself", ["convert", "--quantize", "int8", "lm", "lm"], 1,
+      "source", copy("lm"), part="E"),
+    # An export into a folder whose marker records the user's handformer_tokenizer.json as
+    # theirs: the export succeeds and the file stays.
+    C("convert-to-hf-keeps-the-users-handformer-tokenizer", ["convert", "--to", "hf", "lm",
+                                                             "out"], 0, "",
+      copy("lm"), write("out/handformer_tokenizer.json", '{"mine": true}'),
+      claimed_for_hf_export("out"), part="E"),
+    # ---------------------------------------------------------------- non-finite state
+    C("resume-optimizer-state-nan", RESUME, 1, "trainer_state.safetensors", copy("lm"),
+      edit_tensors(f"{CKPT}/trainer_state.safetensors", _non_finite("optimizer.", math.nan)),
+      recommit(CKPT), part="E"),
+    C("resume-optimizer-state-inf", RESUME, 1, "nan or inf", copy("lm"),
+      edit_tensors(f"{CKPT}/trainer_state.safetensors", _non_finite("optimizer.", math.inf)),
+      recommit(CKPT), part="E"),
+    C("resume-weights-nan", RESUME, 1, "model.safetensors", copy("lm"),
+      edit_tensors(f"{CKPT}/model.safetensors", _non_finite("", math.nan)),
+      recommit(CKPT), part="E"),
+    C("resume-weights-minus-inf", RESUME, 1, "nan or inf", copy("lm"),
+      edit_tensors(f"{CKPT}/model.safetensors", _non_finite("blocks.", -math.inf)),
+      recommit(CKPT), part="E"),
+    C("resume-recipe-differs-from-its-state", RESUME, 1, "base_lr", copy("lm"),
+      edit_json(f"{CKPT}/config.json", _set("train.lr", 0.5)), recommit(CKPT), part="E"),
+    C("resume-checkpoint-renamed", RESUME, 1, "records step 2", copy("lm"),
+      rename(CKPT, "lm/checkpoints/step-00000007"), part="E"),
+    C("resume-trainer-state-step-differs", RESUME, 1, "step", copy("lm"),
+      edit_json(f"{CKPT}/trainer_state.json", _set("step", 1)), recommit(CKPT), part="E"),
+    # ---------------------------------------------------------------- tokenizers that do not fit
+    C("generate-tokenizer-smaller-than-model", GEN, 1, "character tokenizer", copy("lm"),
+      edit_json("lm/tokenizer.json", _smaller_vocab), part="E"),
+    C("explore-tokenizer-smaller-than-model", [*EXPLORE, "--run", "lm"], 1, "tokens but",
+      copy("lm"), edit_json("lm/tokenizer.json", _smaller_vocab), part="E"),
+    C("convert-tokenizer-smaller-than-model", ["convert", "--to", "hf", "lm", "out"], 1,
+      "tokenizer.json", copy("lm"), edit_json("lm/tokenizer.json", _smaller_vocab), part="E"),
+    C("convert-quantize-tokenizer-smaller", ["convert", "--quantize", "int8", "lm", "out"], 1,
+      "tokenizer.json", copy("lm"), edit_json("lm/tokenizer.json", _smaller_vocab), part="E"),
+    C("doctor-run-tokenizer-smaller", ["doctor", "--run", "lm"], 1, "tokenizer.json",
+      copy("lm"), edit_json("lm/tokenizer.json", _smaller_vocab), part="E"),
+    C("resume-tokenizer-smaller", RESUME, 1, "tokenizer.json", copy("lm"),
+      edit_json(f"{CKPT}/tokenizer.json", _smaller_vocab), recommit(CKPT), part="E"),
+    C("embed-binary-bytes", ["embed", "a cat", "\udcff\udcfe"], 2, "utf-8", part="E"),
+    # ---------------------------------------------------------------- another process writes it
+    C("train-out-busy", [*TRAIN, "--out", "lm", "--overwrite"], 1, "another handformer process",
+      copy("lm"), locked("lm"), part="E"),
+    C("resume-busy", RESUME, 1, "another handformer process", copy("lm"), locked("lm"),
+      part="E"),
+    C("convert-quantize-into-busy", ["convert", "--quantize", "int8", "lm", "lm2",
+                                     "--overwrite"], 1, "another handformer process",
+      copy("lm"), copy("lm", "lm2"), locked("lm2"), part="E"),
+    C("classify-out-busy", [*CLF_TRAIN, "--out", "clf", "--overwrite"], 1,
+      "another handformer process", copy("clf"), locked("clf"), part="E"),
+    C("convert-to-hf-busy", ["convert", "--to", "hf", "lm", "hf", "--overwrite"], 1,
+      "another handformer process", copy("lm"), copy("hf"), locked("hf"), part="E"),
 ]
 
 
@@ -796,7 +1041,8 @@ def test_bad_input(case: Case, outcomes: dict[str, Outcome], fixtures: Fixtures)
 
 
 def test_the_table_is_big_and_its_ids_unique() -> None:
-    assert len(CASES) >= 80
+    assert len(CASES) >= 250
+    assert sum(c.part == "E" for c in CASES) >= 40  # the second sweep's
     assert len({c.id for c in CASES}) == len(CASES)
     commands = {c.argv[0] for c in CASES if c.argv}
     assert commands >= {"train", "generate", "classify", "seq2seq", "doctor", "explore",
@@ -858,4 +1104,44 @@ def test_a_signal_during_generation(sig: int, code: int, fixtures: Fixtures,
     assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("handformer generate: "), err[-3000:]
+    assert _tree(tmp_path) == before
+
+
+def test_ctrl_c_of_a_serving_explorer_under_load_exits_cleanly(fixtures: Fixtures,
+                                                               tmp_path: Path) -> None:
+    """Ctrl-C while requests are being answered: exit 0 and "stopped", never an abort in
+    torch's thread pool ("terminate called without an active exception": a daemon handler
+    thread cut off inside torch at exit), and the run folder untouched (part E)."""
+    import threading
+    import urllib.request
+
+    shutil.copytree(fixtures.lm, tmp_path / "lm")
+    before = _tree(tmp_path)
+    body = json.dumps({"prompt": "the quick brown fox " * 3, "layer": 0,
+                       "head": "all"}).encode()
+    for attempt in range(3):
+        proc = _handformer(["explore", "--run", "lm", "--port", "0"], tmp_path)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        url = re.search(r"(http://\S+/)", line)
+        assert url, line
+        stop = threading.Event()
+
+        def hammer(base: str = url.group(1), stop: threading.Event = stop) -> None:
+            while not stop.is_set():
+                req = urllib.request.Request(base + "api/attention", data=body,
+                                             headers={"Content-Type": "application/json"})
+                with contextlib.suppress(OSError):
+                    urllib.request.urlopen(req, timeout=5).read()
+
+        clients = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
+        for client in clients:
+            client.start()
+        time.sleep(0.3 + 0.2 * attempt)  # requests in flight
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        stop.set()
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-2000:]}"
+        assert "terminate called" not in err and "Traceback" not in err, err[-2000:]
+        assert "handformer explore: stopped" in out
     assert _tree(tmp_path) == before

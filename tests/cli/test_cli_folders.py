@@ -96,8 +96,14 @@ def test_train_with_overwrite_keeps_every_foreign_file(
     after = snapshot(out)
     assert {k: after.get(k) for k in before} == before
     assert load_run(out, kind="lm").kind == "lm"
-    # The next fresh run replaces its own run (no --overwrite needed) and still keeps theirs.
-    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY]) == 0
+    # A finished run is replaced only with --overwrite, naming its steps and loss; then the
+    # fresh run removes its own files and still keeps theirs.
+    ours = snapshot(out)
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY]) == 1
+    err = capsys.readouterr().err
+    assert "finished (trained 4 steps, best validation loss" in err and "--overwrite" in err
+    assert snapshot(out) == ours
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY, "--overwrite"]) == 0
     after = snapshot(out)
     assert {k: after.get(k) for k in before} == before
 

@@ -49,6 +49,23 @@ def test_quantize_at_load_and_a_converted_int8_run_generate_alike(
     assert code == 0 and again == on_the_fly, err
 
 
+def test_int8_without_the_cache_compiles_no_kernel_per_length(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without the KV cache each step feeds the whole prefix, a new row count each time: the
+    fused kernel (compiled once per row count) would compile again at every new length
+    (12 tokens took minutes). The dequantizing kernel serves every length at once."""
+    from handformer.nn import quantized
+
+    run = lm_run(tmp_path / "run")
+    shapes, seconds = quantized._FUSED.shapes(), quantized.compile_seconds()
+    code, out, err = generate(run, capsys, "--quantize", "int8", "--no-cache",
+                              "--max-new-tokens", "12")
+    assert code == 0, err
+    assert out.startswith("ab") and len(out.rstrip("\n")) >= 2
+    assert "dequantizing kernel" in err and "compiling the fused kernel" not in err
+    assert quantized._FUSED.shapes() == shapes and quantized.compile_seconds() == seconds
+
+
 @pytest.mark.parametrize("argv", [
     ["generate", "--run", "RUN", "--quantize", "int4"],
     ["convert", "--quantize", "int4", "RUN", "OUT"],

@@ -237,3 +237,19 @@ def test_loss_that_raises_is_reported_as_a_failure_with_the_error() -> None:
                 lr=LR).get("padding ignored by the loss")
     assert check.status is Status.FAIL
     assert "raised" in check.evidence and "IGNORE_INDEX" in check.hint
+
+
+def test_a_budget_too_small_to_judge_warns_instead_of_calling_a_model_stuck() -> None:
+    """``--learning-steps 3`` on a healthy model: the loss moved but had no room to fall
+    10%; the check says it cannot judge (WARN), not that the model has a bug (FAIL)."""
+    from handformer.doctor.checks_learning import MIN_STEPS_TO_JUDGE
+
+    slow = run(tiny_model(), tiny_windows(), lr=1e-4, learning_steps=3).get("overfit one batch")
+    assert slow.status is Status.WARN, slow.evidence
+    assert slow.evidence.startswith(f"too few steps to judge: 3 < {MIN_STEPS_TO_JUDGE}")
+    # A loss that cannot move at all (the optimizer holds none of the model's parameters) is
+    # stuck at any budget.
+    frozen = run(tiny_model(), tiny_windows(), lr=1e-3, learning_steps=3,
+                 optimizer=lambda params, lr: torch.optim.AdamW([nn.Parameter(torch.zeros(1))],
+                                                                lr=lr)).get("overfit one batch")
+    assert frozen.status is Status.FAIL and "stuck" in frozen.evidence

@@ -12,7 +12,9 @@ import http.client
 import json
 import math
 import re
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -399,6 +401,58 @@ def test_concurrent_requests_are_served_consistently(client: Client) -> None:
     assert not any(th.is_alive() for th in threads), "a request hung"
     assert not failures
     assert rounds_done == [4] * 4
+
+
+def test_a_burst_of_200_connections_is_queued_and_every_one_answered(lm_dir: Path) -> None:
+    """200 page loads at once: every connection completes its handshake while the server is
+    still busy (the listen backlog holds them; the standard library's 5 dropped the rest,
+    which then waited up to a minute for a retry), and every one gets its answer."""
+    server = ExploreServer(Explorer(load_explore_run(lm_dir)), "127.0.0.1", 0)
+    host, port = server.server_address[:2]
+    socks: list[socket.socket] = []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    try:
+        for _ in range(200):  # before the server accepts anything: only the backlog holds them
+            sock = socket.create_connection((host, port), timeout=3)
+            socks.append(sock)
+        thread.start()
+        for sock in socks:
+            sock.sendall(b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close"
+                         b"\r\n\r\n")
+        deadline = time.monotonic() + 60
+        answers = []
+        for sock in socks:
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+            answers.append(data.split(b"\r\n", 1)[0])
+        assert [a.split(b" ", 1)[1] for a in answers] == [b"200 OK"] * 200
+    finally:
+        for sock in socks:
+            sock.close()
+        if thread.is_alive():
+            server.shutdown()
+        server.server_close()
+
+
+def test_stopping_waits_for_work_not_for_idle_connections(lm_dir: Path) -> None:
+    """Handler threads are joined when the server closes (a daemon thread cut off inside
+    torch at exit aborts the process); a client that only holds its connection open does
+    not keep the server from stopping."""
+    server = ExploreServer(Explorer(load_explore_run(lm_dir)), "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    idle = socket.create_connection(server.server_address[:2], timeout=5)
+    try:
+        time.sleep(0.2)  # accepted, its handler waiting for a request line
+        started = time.monotonic()
+        server.shutdown()
+        server.server_close()
+        assert time.monotonic() - started < server.idle_timeout  # woken, not timed out
+        assert idle.recv(1) == b""  # its handler ended and closed the connection
+    finally:
+        idle.close()
 
 
 # -- padded batches ----------------------------------------------------------------------------

@@ -72,10 +72,29 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_with_both_numbers(
             f"{field}=13")
 
 
-def test_a_smaller_tokenizer_is_fine(tmp_path: Path) -> None:
-    """A vocabulary may be padded past the tokenizer (every id still has an embedding)."""
-    run = saved("lm", tmp_path / "run", vocab_size=20)
-    assert load_run(run).tokenizer.vocab_size == 13
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_character_tokenizer_smaller_than_the_vocabulary_is_refused_with_both_numbers(
+        kind: str, tmp_path: Path) -> None:
+    """A character tokenizer's size is exact by construction: fewer ids than the embedding
+    means another run's tokenizer, and sampled ids past it would decode to nothing."""
+    run = saved(kind, tmp_path / "run", vocab_size=20)
+    field = {"lm": "vocab_size", "classifier": "encoder.vocab_size",
+             "seq2seq": "encoder.vocab_size"}[kind]
+    refused(run, str(run / "tokenizer.json"), "13 tokens", str(run / "config.json"),
+            f"{field}=20", "character tokenizer")
+
+
+def test_a_hugging_face_tokenizer_smaller_than_a_padded_vocabulary_is_fine(
+        tmp_path: Path) -> None:
+    """Published models pad their vocabulary past the tokenizer (Qwen3: 151669 tokens,
+    vocab_size 151936): every id the tokenizer makes still has an embedding."""
+    from handformer.tokenizers import BPETokenizer
+
+    bpe = BPETokenizer.train("abcdefgh " * 50, vocab_size=270)
+    torch.manual_seed(0)
+    run = tmp_path / "run"
+    save_run(run, DecoderLM(ModelConfig(**{**SHAPE, "vocab_size": bpe.vocab_size + 16})), bpe)
+    assert load_run(run).tokenizer.vocab_size == bpe.vocab_size
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])

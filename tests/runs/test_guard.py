@@ -120,9 +120,10 @@ def test_overwrite_writes_into_a_foreign_folder_but_removes_nothing_of_it(
     marker = json.loads((root / FOLDER_MARKER).read_text())
     assert marker["kind"] == "lm" and "tensorboard" in marker["kept"]
 
-    # A second fresh run there removes its own checkpoint and files, still none of theirs.
+    # A second fresh run there (over a finished run: --overwrite) removes its own checkpoint
+    # and files, still none of theirs.
     save_run(root, lm(), TOK)
-    claim(root, LM_FOLDER)
+    claim(root, LM_FOLDER, overwrite=True)
     after = snapshot(root)
     assert {k: after[k] for k in kept} == kept
     assert not list_checkpoints(root / "checkpoints")
@@ -148,10 +149,16 @@ def test_overwrite_replaces_another_kind_removing_only_its_files(tmp_path: Path)
     assert json.loads((run / FOLDER_MARKER).read_text())["kind"] == "classifier"
 
 
-def test_a_finished_run_is_replaced_an_unfinished_one_kept(tmp_path: Path) -> None:
+def test_a_finished_run_is_replaced_only_with_overwrite_an_unfinished_one_kept(
+        tmp_path: Path) -> None:
     finished = lm_run(tmp_path / "done")
     (finished / "notes.txt").write_text("mine")
-    with writing_folder(finished, LM_FOLDER):
+    before = snapshot(finished)
+    with pytest.raises(RunFolderError, match=r"holds a language-model run, finished .*"
+                                             r"--overwrite"):
+        claim(finished, LM_FOLDER)
+    assert snapshot(finished) == before
+    with writing_folder(finished, LM_FOLDER, overwrite=True):
         left = sorted(p.name for p in finished.iterdir())
     assert left == sorted([FOLDER_MARKER, LOCK_FILE, "notes.txt"])  # tensorboard/ too
 
@@ -179,7 +186,7 @@ def test_run_folders_from_before_the_marker_are_still_recognised(tmp_path: Path)
     assert read_folder(tmp_path / "old").spec == LM_FOLDER
     with pytest.raises(RunFolderError, match="holds a language-model run"):
         check_destination(tmp_path / "old", CLASSIFIER_FOLDER)
-    claim(tmp_path / "old", LM_FOLDER)
+    claim(tmp_path / "old", LM_FOLDER, overwrite=True)
     assert not (tmp_path / "old" / "model.safetensors").exists()
     # A config.json with a "model" key that is no handformer config is not enough.
     (tmp_path / "other").mkdir()
@@ -246,3 +253,129 @@ def test_only_handformers_checkpoint_leftovers_are_stale(tmp_path: Path) -> None
         path.mkdir()
     assert sorted(remove_stale(root)) == sorted(ours)
     assert all(p.is_dir() for p in theirs)
+
+
+# -- a folder is untrusted input: its marker and links point nowhere outside it ----------------
+def edit_marker(run: Path, **fields: object) -> None:
+    marker = json.loads((run / FOLDER_MARKER).read_text())
+    marker.update(fields)
+    (run / FOLDER_MARKER).write_text(json.dumps(marker))
+
+
+def other_run(root: Path) -> Path:
+    """Another run next to the one a marker is edited in, with a committed checkpoint."""
+    return lm_run(root)
+
+
+@pytest.mark.parametrize("names", [["../*"], ["*"], ["/etc/passwd"], ["notes.txt"],
+                                   ["tensorboard/../../x"], ["a/b/c"], [3]],
+                         ids=["parent", "star", "absolute", "not-ours", "climbs", "deep",
+                              "not-a-string"])
+def test_a_marker_naming_what_handformer_never_writes_is_refused_before_anything(
+        names: list[object], tmp_path: Path) -> None:
+    parent = tmp_path / "parent"
+    run = lm_run(parent / "run")
+    (parent / "precious.txt").write_text("the parent's own")
+    (run / "notes.txt").write_text("mine")
+    edit_marker(run, names=names)
+    before = snapshot(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(RunFolderError, match=rf"{FOLDER_MARKER} lists the file name "
+                                                 r".*handformer touches nothing"):
+            claim(run, LM_FOLDER, overwrite=overwrite)
+        assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("where", ["../other/checkpoints", "ABSOLUTE", "..", "tensorboard"],
+                         ids=["sibling", "absolute", "parent", "not-a-checkpoint-folder"])
+def test_a_marker_pointing_its_checkpoints_elsewhere_is_refused(where: str,
+                                                                tmp_path: Path) -> None:
+    other = other_run(tmp_path / "other")
+    run = lm_run(tmp_path / "run")
+    target = str(other / "checkpoints") if where == "ABSOLUTE" else where
+    edit_marker(run, checkpoints=target)
+    before = snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=r"lists the checkpoint folder"):
+        claim(run, LM_FOLDER, overwrite=True)
+    assert snapshot(tmp_path) == before
+    assert list_checkpoints(other / "checkpoints")
+
+
+def test_a_marker_of_a_kind_nobody_here_writes_is_a_note_and_nothing_is_removed(
+        tmp_path: Path) -> None:
+    run = lm_run(tmp_path / "run")
+    edit_marker(run, kind="time-machine", command="handformer fly", names=["*"])
+    before = snapshot(run)
+    with pytest.raises(RunFolderError, match=r"handformer did not write it .*'handformer fly'"):
+        claim(run, PICS)
+    assert snapshot(run) == before
+    claim(run, PICS, overwrite=True)
+    after = snapshot(run)
+    ours = (FOLDER_MARKER, LOCK_FILE)
+    assert {k: after[k] for k in before if k not in ours} == \
+        {k: v for k, v in before.items() if k not in ours}
+
+
+def test_a_checkpoint_folder_that_is_a_link_is_never_written_through(tmp_path: Path) -> None:
+    other = other_run(tmp_path / "other")
+    run = tmp_path / "fresh"
+    run.mkdir()
+    (run / "checkpoints").symlink_to(other / "checkpoints")
+    before = snapshot(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match=r"checkpoints is a symbolic link"):
+            claim(run, LM_FOLDER, overwrite=overwrite)
+        assert snapshot(tmp_path) == before
+
+
+def test_a_checkpoint_entry_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    other = other_run(tmp_path / "other")
+    run = lm_run(tmp_path / "run")
+    (step,) = list_checkpoints(other / "checkpoints")
+    (run / "checkpoints" / "step-00000009").symlink_to(step.path)
+    before = snapshot(tmp_path)
+    with pytest.raises(ValueError, match=r"step-00000009 is a symbolic link"):
+        claim(run, LM_FOLDER, overwrite=True)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "metrics.jsonl", "tensorboard",
+                                  FOLDER_MARKER, LOCK_FILE])
+def test_a_link_where_handformer_reads_or_writes_is_refused(name: str, tmp_path: Path) -> None:
+    run = lm_run(tmp_path / "run")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep").write_text("not yours")
+    path = run / name
+    if path.is_dir():
+        import shutil
+
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+    path.symlink_to(elsewhere / "keep" if name != "tensorboard" else elsewhere)
+    before = snapshot(tmp_path)
+    with pytest.raises(RunFolderError, match=rf"{name} is a symbolic link"):
+        claim(run, LM_FOLDER, overwrite=True)
+    assert snapshot(tmp_path) == before
+    assert (elsewhere / "keep").read_text() == "not yours"
+
+
+def test_a_lock_file_that_is_a_link_is_never_written_through(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "victim").write_text("do not truncate")
+    (tmp_path / "run" / LOCK_FILE).symlink_to(tmp_path / "victim")
+    with pytest.raises(RunFolderError, match="symbolic link"):
+        FolderLock(tmp_path / "run").acquire()
+    assert (tmp_path / "victim").read_text() == "do not truncate"
+
+
+def test_a_finished_run_is_refused_naming_its_steps_and_best_loss(tmp_path: Path) -> None:
+    run = lm_run(tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["summary"] = {"steps": 200, "best_val_loss": 1.23456}
+    (run / "config.json").write_text(json.dumps(config))
+    with pytest.raises(RunFolderError, match=r"finished \(trained 200 steps, best validation "
+                                             r"loss 1\.2346\)"):
+        check_destination(run, LM_FOLDER)
+    check_destination(run, LM_FOLDER, overwrite=True)

@@ -55,8 +55,10 @@ def test_convert_writes_a_loadable_int8_copy_and_leaves_the_source(tmp_path: Pat
     assert run.config["quantized_from"] == str((tmp_path / "src").resolve())
     expected = quantize_int8(model).state_dict()
     assert all(torch.equal(expected[k], v) for k, v in run.model.state_dict().items())
-    # Written again into the folder it wrote: allowed (same kind of output).
-    write_quantized_run(tmp_path / "src", tmp_path / "int8")
+    # Written again into the folder it wrote: a finished run is replaced only on request.
+    with pytest.raises(RunFolderError, match=r"finished \(int8 copy of .*--overwrite"):
+        write_quantized_run(tmp_path / "src", tmp_path / "int8")
+    write_quantized_run(tmp_path / "src", tmp_path / "int8", overwrite=True)
 
 
 def test_convert_refuses_its_source_a_quantized_source_and_a_foreign_folder(

@@ -280,3 +280,108 @@ def test_an_interrupt_while_re_saving_a_step_keeps_the_old_one(
     assert [p.name for p in root.iterdir()] == ["step-00000005"]
     verify_checkpoint(root / "step-00000005")
     assert read_trainer_state(root / "step-00000005").meta["v"] == 1
+
+
+# -- nothing in a checkpoint points elsewhere; nothing non-finite is committed or resumed ------
+def snapshot(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(root.rglob("*"))}
+
+
+def test_a_checkpoint_renamed_to_another_step_is_refused(checkpoint: Path) -> None:
+    renamed = checkpoint.with_name("step-00000009")
+    checkpoint.rename(renamed)
+    with pytest.raises(CheckpointError, match=r"records step 4, but its folder is named "
+                                              r"step-00000009"):
+        verify_checkpoint(renamed)
+
+
+def test_a_file_the_marker_lists_that_is_a_link_is_never_read(checkpoint: Path,
+                                                              tmp_path: Path) -> None:
+    outside = tmp_path / "outside.json"
+    shutil.copyfile(checkpoint / "trainer_state.json", outside)
+    (checkpoint / "trainer_state.json").unlink()
+    (checkpoint / "trainer_state.json").symlink_to(outside)
+    with pytest.raises(CheckpointError, match=r"trainer_state.json is a symbolic link"):
+        verify_checkpoint(checkpoint)
+
+
+def test_links_in_a_checkpoint_root_are_refused_never_written_through(tmp_path: Path) -> None:
+    model = make_trainer(train_config()).model
+    other = tmp_path / "other"
+    save_checkpoint(other, 3, model, TrainerState(meta={"step": 3, "v": "theirs"}))
+    before = snapshot(other)
+    (tmp_path / "mine").symlink_to(other)
+    with pytest.raises(CheckpointError, match="mine is a symbolic link"):
+        save_checkpoint(tmp_path / "mine", 3, model, TrainerState(meta={"step": 3}))
+    with pytest.raises(CheckpointError, match="mine is a symbolic link"):
+        list_checkpoints(tmp_path / "mine")
+    (tmp_path / "own").mkdir()
+    (tmp_path / "own" / "step-00000003").symlink_to(other / "step-00000003")
+    with pytest.raises(CheckpointError, match="step-00000003 is a symbolic link"):
+        list_checkpoints(tmp_path / "own")
+    with pytest.raises(CheckpointError, match="step-00000003 is a symbolic link"):
+        save_checkpoint(tmp_path / "own", 3, model, TrainerState(meta={"step": 3}))
+    assert snapshot(other) == before
+
+
+@pytest.mark.parametrize("where", ["weight", "optimizer state"])
+def test_non_finite_weights_or_state_are_never_committed(where: str, tmp_path: Path) -> None:
+    from handformer.train.checkpoint import NonFiniteStateError
+
+    root = tmp_path / "ck"
+    model = make_trainer(train_config()).model
+    save_checkpoint(root, 2, model, TrainerState(meta={"step": 2}))
+    before = snapshot(root)
+    tensors = {"optimizer.0.exp_avg": torch.zeros(3)}
+    if where == "weight":
+        with torch.no_grad():
+            next(model.parameters())[0] = float("nan")
+    else:
+        tensors["optimizer.0.exp_avg"][1] = float("inf")
+    with pytest.raises(NonFiniteStateError, match=rf"the {where} .* holds NaN or Inf"):
+        save_checkpoint(root, 4, model, TrainerState(tensors, meta={"step": 4}))
+    assert snapshot(root) == before
+
+
+def test_a_resume_whose_optimizer_state_is_not_finite_is_refused_naming_the_file(
+        checkpoint: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from handformer.train.checkpoint import NonFiniteStateError
+
+    file = checkpoint / "trainer_state.safetensors"
+    tensors = load_file(file)
+    name = next(k for k, v in sorted(tensors.items()) if k.endswith("exp_avg"))
+    tensors[name] = torch.full_like(tensors[name], float("nan"))
+    save_file(tensors, file)
+    forge_marker(checkpoint)  # the commit record re-hashed: the file checks pass
+    with pytest.raises(NonFiniteStateError, match=rf"trainer_state.safetensors: '{name}' "
+                                                  r"holds NaN or Inf"):
+        load_everything(checkpoint)
+
+
+def test_a_resume_whose_recorded_recipe_differs_from_its_state_is_refused(
+        checkpoint: Path) -> None:
+    """The optimizer groups a checkpoint saved carry the base lr; one that differs from the
+    recipe the trainer is built with would train at a learning rate nobody recorded."""
+    trainer = make_trainer(train_config(max_steps=8, lr=0.05))
+    with pytest.raises(CheckpointError, match=r"base_lr=0.003 but the recorded recipe "
+                                              r"\(config.json\) gives base_lr=0.05"):
+        trainer.resume(checkpoint)
+    make_trainer(train_config(max_steps=8)).resume(checkpoint)  # the same recipe resumes
+
+
+def test_a_step_that_ruins_the_weights_stops_the_run_and_commits_nothing(
+        tmp_path: Path) -> None:
+    from handformer.train.trainer import NonFiniteError
+
+    trainer = make_trainer(train_config(max_steps=8, eval_interval=2), ckpt_dir=tmp_path / "ck")
+    trainer.fit(stop_at=2)
+    before = snapshot(tmp_path / "ck")
+    with torch.no_grad():  # what a NaN moment does to the weights after one step
+        next(trainer.model.parameters()).fill_(float("inf"))
+    with pytest.raises(NonFiniteError, match=r"holds NaN or Inf.*the last good checkpoint is "
+                                             r".*step-00000002"):
+        trainer.fit()
+    assert snapshot(tmp_path / "ck") == before

@@ -32,6 +32,7 @@ import argparse
 import importlib
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -219,7 +220,17 @@ def main(argv: list[str] | None = None) -> int:
                 how = "; ".join(MAKE_PAIR.get(d, d) for d in missing)
                 skipped.append(f"{name}: no {', '.join(missing)} (make: {how})")
                 continue
-            pairs.append(_load_pair(name, target_dir, draft_dir, args.prompts, 32))
+            try:
+                if missing:
+                    raise ValueError(f"run folder not found: {', '.join(missing)} (train a "
+                                     "target with `handformer train --out TARGET_RUN` and its "
+                                     "draft with `handformer train --draft-for TARGET_RUN "
+                                     "--out DRAFT_RUN`)")
+                pairs.append(_load_pair(name, target_dir, draft_dir, args.prompts, 32))
+            except (ValueError, OSError) as err:  # one line, as handformer's commands say it
+                print(f"speculative_speed: error: --pair {name!r}: {' '.join(str(err).split())}",
+                      file=sys.stderr)
+                return 1
     transforms = dict(args.target_transform)
     rows = [row for pair in pairs for row in measure_pair(pair, ks, new_tokens, repeats,
                                                           transforms)]

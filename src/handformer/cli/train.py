@@ -195,6 +195,10 @@ def _train_draft(args: argparse.Namespace, say: Any) -> Any:
                          "--vocab-size")
     preset = args.preset or "draft"
     _check_options(args, preset)
+    out = args.out or Path("runs/draft")
+    if out.exists() and args.draft_for.exists() and out.resolve() == args.draft_for.resolve():
+        raise UsageError(f"--out {out} is the run --draft-for reads: the draft would replace "
+                         "its own target (--overwrite or not); give the draft its own folder")
     target = draft_target(args.draft_for, args.data)
     train_overrides = _train_overrides(args)
     block = train_overrides.get("block_size", get_preset(preset).train.get("block_size", 64))
@@ -203,7 +207,7 @@ def _train_draft(args: argparse.Namespace, say: Any) -> Any:
         f"({len(target.text):,} characters), preset {preset!r}, its tokenizer "
         f"({target.tokenizer.vocab_size} tokens) and window ({target.max_len})", flush=True)
     return train_lm(
-        target.text, out_dir=args.out or Path("runs/draft"), preset=preset,
+        target.text, out_dir=out, preset=preset,
         model_overrides={**_model_overrides(args), "max_len": target.max_len},
         train_overrides=train_overrides, progress=not args.no_progress,
         overwrite=args.overwrite, tokenizer=target.tokenizer,

@@ -6,6 +6,12 @@ does not even fall by 10% the model is stuck, and the bug is somewhere between t
 the weights, whatever the data (FAIL); in between it is learning, only slowly (WARN). A loss
 that turns NaN/Inf on integer-id data points at the learning rate, not at the input (FAIL).
 
+"Stuck" needs a budget that can tell: a healthy model at a sensible learning rate may take
+tens of steps to lose its first 10% (a trained run's batch, a warm-up-free optimizer), so
+below ``MIN_STEPS_TO_JUDGE`` steps a loss that did move is a WARN ("too few steps to
+judge"), never a FAIL. A loss that did not move at all is a FAIL at any budget: the weights
+never changed.
+
 Runs in eval mode (no dropout: memorising is the point) and restores the model afterwards.
 
 Shape legend: ``B`` batch, ``T`` sequence.
@@ -19,7 +25,7 @@ from handformer.doctor.checks_grads import OptimizerFactory, default_optimizer
 from handformer.doctor.report import CheckResult, Status, guarded
 from handformer.doctor.subject import Subject, preserved_state
 
-__all__ = ["check_overfit"]
+__all__ = ["MIN_STEPS_TO_JUDGE", "check_overfit"]
 
 SECTION = "learning"
 STUCK_HINT = ("a model that cannot memorise one batch has a bug between the loss and the "
@@ -27,6 +33,7 @@ STUCK_HINT = ("a model that cannot memorise one batch has a bug between the loss
               "optimizer.step() must run every step, the optimizer must hold the model's "
               "parameters, and the learning rate must be neither tiny nor huge")
 STUCK = 0.9  # a loss that has not fallen by 10% within the budget is not learning
+MIN_STEPS_TO_JUDGE = 30  # half the default budget (60): fewer steps cannot call it stuck
 NONFINITE_HINT = ("lower the learning rate (try lr / 10), warm it up over the first steps and "
                   "clip gradients (grad_clip = 1.0); the inputs are integer ids and the first "
                   "loss was finite, so the optimisation, not the data, made it blow up")
@@ -77,6 +84,11 @@ def check_overfit(subject: Subject, *, steps: int = 60, factor: float = 2.0,
                            details=details)
     progress = f"after {steps} steps the loss is {last:.4f}, not ≤ {target:.4f} (÷{factor:g} " \
                f"from {first:.4f}): {shown} {where}"
+    if steps < MIN_STEPS_TO_JUDGE and last != first:
+        return CheckResult(SECTION, name, Status.WARN,
+                           f"too few steps to judge: {steps} < {MIN_STEPS_TO_JUDGE}; {progress}",
+                           f"give --learning-steps {MIN_STEPS_TO_JUDGE} or more (default 60) to "
+                           "tell a slow model from a stuck one", details)
     if last > STUCK * first:
         return CheckResult(SECTION, name, Status.FAIL, f"stuck: {progress}", STUCK_HINT, details)
     return CheckResult(SECTION, name, Status.WARN, f"learning, but slowly: {progress}",

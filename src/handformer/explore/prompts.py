@@ -29,7 +29,11 @@ class EncodedText:
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
-    """The vocabulary's name for one id (``<pad>``, ``a``, ``Ġthe`` …)."""
+    """The vocabulary's name for one id (``<pad>``, ``a``, ``Ġthe`` …). An id past the
+    tokenizer (a published model's padded vocabulary: embeddings no token maps to) is shown
+    as ``<id N>``, never an error."""
+    if not 0 <= token_id < tokenizer.vocab_size:
+        return f"<id {token_id}>"
     itos = getattr(tokenizer, "itos", None)
     if itos is not None:
         return str(itos[token_id])

@@ -14,6 +14,14 @@
   never in the answer. No request is answered by dropping the connection.
 * A connection that sends nothing for ``idle_timeout`` seconds (5) is closed, so idle or
   half-sent requests do not hold a thread each forever.
+* Up to ``REQUEST_QUEUE`` connections wait to be accepted (the standard library's default,
+  5, left a burst of a few hundred page requests unanswered for a minute).
+* Stopping (Ctrl-C, ``shutdown``) lets every request in progress finish and joins its
+  thread: handler threads are not daemons. A daemon thread still inside a torch operation
+  when the interpreter exits is cut off mid-call, and the process then aborts in torch's
+  thread pool ("terminate called without an active exception") instead of exiting 0.
+  Connections that are only waiting for their next request are woken (their reading side
+  shut), so stopping waits for work, never for an idle client.
 
 Routes::
 
@@ -35,6 +43,7 @@ import ipaddress
 import json
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -55,11 +64,12 @@ from handformer.explore.payload import (
     shown,
 )
 
-__all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "ExploreServer", "RemoteBindError", "check_host",
-           "is_loopback"]
+__all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "REQUEST_QUEUE", "ExploreServer", "RemoteBindError",
+           "check_host", "is_loopback"]
 
 MAX_BODY = 64 * 1024
 IDLE_TIMEOUT_S = 5.0  # seconds a connection may stay silent before it is closed
+REQUEST_QUEUE = 1024  # connections the kernel holds for accept() (listen's backlog)
 _DRAIN_LIMIT = 1024 * 1024  # read (and drop) at most this much of a refused body
 _LINGER_S = 1.0  # at most this long to read what a client still sends after our answer
 STATIC_FILES = {
@@ -112,8 +122,10 @@ def _layer(body: dict[str, Any], explorer: Explorer) -> int:
 class ExploreServer(ThreadingHTTPServer):
     """One run's explorer behind HTTP. ``port=0`` picks a free port (see ``url``)."""
 
-    daemon_threads = True
+    daemon_threads = False  # joined when the server closes: see the module docstring
+    block_on_close = True
     allow_reuse_address = True
+    request_queue_size = REQUEST_QUEUE
 
     def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 0, *,
                  allow_remote: bool = False, max_body: int = MAX_BODY,
@@ -127,6 +139,8 @@ class ExploreServer(ThreadingHTTPServer):
         self.max_body = max_body
         self.idle_timeout = idle_timeout
         self.verbose = verbose
+        self._open: set[socket.socket] = set()  # connections a handler thread is serving
+        self._open_lock = threading.Lock()
         if ":" in host.strip("[]"):
             self.address_family = socket.AF_INET6
         super().__init__((host.strip("[]"), port), ExploreHandler)
@@ -138,17 +152,61 @@ class ExploreServer(ThreadingHTTPServer):
         return f"http://{shown}:{port}/"
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """Last resort for an exception that escaped a handler: a client that went away is
-        one log line; anything else is a bug, logged with its traceback."""
+        """Last resort for an exception that escaped a handler: a connection that ended (the
+        client went away, or Ctrl-C closed it between its accept and its thread's start) is
+        one log line; anything else is a bug, logged with its traceback. Every error of a
+        request itself is answered inside the handler, so an ``OSError`` that escapes it is
+        the socket's."""
         err = sys.exc_info()[1]
-        if isinstance(err, ConnectionError | TimeoutError):
+        if isinstance(err, OSError):
             if self.verbose:
                 print(f"explore: connection from {client_address[0]} ended: {err!r}",
                       file=sys.stderr)
             return
         super().handle_error(request, client_address)
 
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Hand the connection to a thread of its own, which alone closes it: from here on
+        the serving loop does not (see ``shutdown_request``)."""
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self._close_connection(request)
+
     def shutdown_request(self, request: Any) -> None:
+        """Called by the serving loop when handing a connection over failed — also when
+        Ctrl-C lands between a handler thread's start and the loop's next line: a connection
+        a thread already owns is left to it (closing it under the thread's feet would cut
+        its answer off with a broken pipe)."""
+        with self._open_lock:
+            owned = request in self._open
+        if not owned:
+            self._close_connection(request)
+
+    def server_close(self) -> None:
+        """Stop listening, wake the connections that only wait for a next request, join
+        every handler thread (requests in progress finish first), then close whatever no
+        thread took over."""
+        self.socket.close()
+        with self._open_lock:
+            waiting = list(self._open)
+        for request in waiting:
+            with contextlib.suppress(OSError):
+                request.shutdown(socket.SHUT_RD)  # a blocked read returns: the handler ends
+        super().server_close()
+        with self._open_lock:
+            left, self._open = list(self._open), set()
+        for request in left:
+            self.close_request(request)
+
+    def _close_connection(self, request: Any) -> None:
         """A lingering close: say we are done writing, then read (and drop) what the client
         is still sending, for a bounded time, before closing. Closing a socket that holds
         unread bytes sends a reset, which can destroy the answer before the client reads it
@@ -163,6 +221,8 @@ class ExploreServer(ThreadingHTTPServer):
                 if not chunk:
                     break
                 drained += len(chunk)
+        with self._open_lock:
+            self._open.discard(request)
         self.close_request(request)
 
     def routes(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
@@ -410,12 +470,16 @@ class ExploreHandler(BaseHTTPRequestHandler):
 
     def _internal_error(self, err: Exception) -> None:
         """A 500 with a JSON body for a bug, its traceback in the server's log. If the answer
-        had already begun (or the client is gone) there is nothing left to send."""
-        traceback.print_exc(file=sys.stderr)
-        if self._answered or isinstance(err, ConnectionError):
-            self.close_connection = True
-            return
+        had already begun (or the client is gone) there is nothing left to send; a client
+        that went away mid-answer is not a bug, and leaves no traceback."""
         self.close_connection = True
+        if isinstance(err, ConnectionError):
+            if self.server.verbose:
+                print(f"explore: {self.client_address[0]} went away: {err!r}", file=sys.stderr)
+            return
+        traceback.print_exc(file=sys.stderr)
+        if self._answered:
+            return
         what = str(err) if len(str(err)) <= 300 else str(err)[:300] + " …"
         with contextlib.suppress(OSError):  # the client may be gone
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR,

@@ -51,6 +51,7 @@ from handformer.interop.llama import (
 from handformer.models.budget import check_model_fits
 from handformer.models.decoder_lm import DecoderLM
 from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
+from handformer.runs.guard import remove_if_ours
 from handformer.tokenizers import HFTokenizer, Tokenizer
 
 __all__ = ["HF_FOLDER", "SUPPORTED_MODEL_TYPES", "export_hf_folder", "import_hf_folder"]
@@ -224,4 +225,5 @@ def export_hf_folder(run_dir: str | Path, out: str | Path, *,
         atomic_write_text(out / "config.json", json.dumps(hf_config, indent=2))
         write_folder_tokenizer(out, tokenizer, model.config.max_len,
                                chat_template=run.config.get("chat_template"))
+        remove_if_ours(out, "handformer_tokenizer.json")  # an older export's, never the user's
     return out, family

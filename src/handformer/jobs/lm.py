@@ -46,7 +46,7 @@ from handformer.runs import (
 )
 from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
 from handformer.runs.files import METRICS, SUMMARY, TOKENIZER, WEIGHTS
-from handformer.runs.guard import CHECKPOINTS, LOSS_CURVE, TENSORBOARD
+from handformer.runs.guard import CHECKPOINTS, LOSS_CURVE, TENSORBOARD, check_in_place
 from handformer.tokenizers import BPETokenizer, CharTokenizer, Tokenizer, tokenizer_from_dict
 from handformer.train.callbacks import (
     LossCurvePlot,
@@ -382,6 +382,7 @@ def resume_lm(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"run folder not found: {run_dir}")
+    check_in_place(run_dir, LM_FOLDER)  # no link carries the continued run's writes elsewhere
     found = list_checkpoints(run_dir / CHECKPOINTS)
     if not found:
         raise CheckpointError(f"{run_dir / CHECKPOINTS}: no committed checkpoint to resume from")
@@ -399,10 +400,10 @@ def resume_lm(
         raise CheckpointError(f"{config_file} or tokenizer.json: cannot rebuild the run "
                               f"({type(err).__name__}: {err})") from None
     # The files must belong together before anything is allocated or trained.
-    check_tokenizer_fits(tokenizer, model_cfg, info.path / TOKENIZER, config_file,
-                         error=CheckpointError)
     check_weights_fit(build_skeleton(lambda: DecoderLM(model_cfg)), info.path / WEIGHTS,
                       config_file, error=CheckpointError)
+    check_tokenizer_fits(tokenizer, model_cfg, info.path / TOKENIZER, config_file,
+                         error=CheckpointError)
     if max_steps is not None:
         train_cfg = dataclasses.replace(train_cfg, max_steps=max_steps)
     if strategy is not None:

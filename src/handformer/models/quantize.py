@@ -41,7 +41,7 @@ from handformer.nn.quantized import (
 
 __all__ = ["INT8_FORMAT", "QUANTIZATION_KEY", "QUANTIZE_CHOICES", "QuantizationError",
            "apply_int8_layout", "int8_layers", "is_quantized", "quantization_info",
-           "quantize_int8", "warm_up_int8"]
+           "quantize_int8", "set_int8_kernel", "warm_up_int8"]
 
 QUANTIZATION_KEY = "quantization"  # config.json's key for a quantized run
 INT8_FORMAT = "int8-weight-only"
@@ -142,6 +142,21 @@ def apply_int8_layout(model: nn.Module, info: Any) -> nn.Module:
         layer = Int8Linear(linear.in_features, linear.out_features,  # type: ignore[arg-type]
                            linear.bias is not None, device=linear.weight.device)
         _replace(model, name, layer.train(linear.training))
+    return model
+
+
+def set_int8_kernel(model: nn.Module, kernel: Int8Kernel) -> nn.Module:
+    """Make every ``Int8Linear`` of ``model`` use ``kernel`` (in place; returns ``model``).
+
+    Decoding without the KV cache feeds the whole prefix at every step, so each step has a
+    new row count: the fused kernel, compiled once per row count, would compile again at
+    every new length (seconds each). The dequantizing kernel serves any row count at once —
+    what such a pass wants."""
+    for layer in model.modules():
+        if isinstance(layer, Int8Linear):
+            if kernel not in ("auto", "fused", "dequantized"):
+                raise ValueError(f"unknown int8 kernel {kernel!r}")
+            layer.kernel = kernel
     return model
 
 

@@ -6,8 +6,8 @@ far from its cause: ids past the embedding (an HTTP 500 in the explorer, a conve
 "succeeds"), training resumed on text mapped to ``<unk>``, integer tensors cast into float
 weights. So every loader (``load_run``; ``resume_lm`` for checkpoints) checks:
 
-* ``check_tokenizer_fits`` — the tokenizer has no more ids than each vocabulary of the model
-  (fewer is fine: a vocabulary may be padded);
+* ``check_tokenizer_fits`` — the tokenizer has no more ids than each vocabulary of the model,
+  and, for handformer's own character tokenizer, exactly as many (see its docstring);
 * ``check_weights_fit`` — the weights file's header against a *skeleton* of the model built
   on the ``meta`` device from the config: names, shapes and float dtypes
   (``train.tensor_file``). Nothing is allocated until the config and the file agree, so a
@@ -28,7 +28,7 @@ from torch import nn
 
 from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig
 from handformer.runs.files import RunFolderError
-from handformer.tokenizers import Tokenizer
+from handformer.tokenizers import CharTokenizer, Tokenizer
 from handformer.train.tensor_file import TensorFileError, check_tensor_file
 
 __all__ = ["build_skeleton", "check_tokenizer_fits", "check_weights_fit", "config_fields",
@@ -60,13 +60,27 @@ def vocab_fields(config: ModelsConfig) -> dict[str, int]:
 def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelsConfig, tokenizer_path: Path,
                          config_path: Path, *,
                          error: type[ValueError] = RunFolderError) -> None:
-    """``error`` when the tokenizer can produce ids the model has no embedding for."""
+    """``error`` when the tokenizer and the model's vocabulary do not fit together.
+
+    The rule: a tokenizer LARGER than a vocabulary is always refused (it produces ids the
+    model has no embedding for). A SMALLER one is refused only for handformer's own
+    ``CharTokenizer``, whose size is exact by construction (every run's ``vocab_size`` is
+    its tokenizer's size), so fewer ids means it is another run's: the model would sample ids
+    it cannot decode. A Hugging Face-style tokenizer may legitimately be smaller — published
+    models pad their vocabulary (Qwen3: 151669 tokens, ``vocab_size`` 151936)."""
+    size_now = tokenizer.vocab_size
     for name, size in vocab_fields(config).items():
-        if tokenizer.vocab_size > size:
+        if size_now > size:
             raise error(
-                f"{tokenizer_path} has {tokenizer.vocab_size} tokens but {config_path} says "
-                f"{name}={size}: ids {size}..{tokenizer.vocab_size - 1} have no embedding; "
+                f"{tokenizer_path} has {size_now} tokens but {config_path} says "
+                f"{name}={size}: ids {size}..{size_now - 1} have no embedding; "
                 "the tokenizer belongs to another model (copy the one saved with these weights)")
+        if size_now < size and isinstance(tokenizer, CharTokenizer):
+            raise error(
+                f"{tokenizer_path} has {size_now} tokens but {config_path} says {name}={size}: "
+                "a character tokenizer is exactly as large as the vocabulary it was trained "
+                f"with, so ids {size_now}..{size - 1} would decode to nothing; the tokenizer "
+                "belongs to another model (copy the one saved with these weights)")
 
 
 def build_skeleton(build: Callable[[], nn.Module]) -> nn.Module:

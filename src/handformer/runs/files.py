@@ -19,6 +19,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 
 from handformer.atomic import atomic_write_text, fsync_dir, fsync_file
+from handformer.train.checkpoint import first_nonfinite
 
 __all__ = [
     "CONFIG", "LABELS", "METRICS", "SUMMARY", "TOKENIZER", "WEIGHTS", "RunFolderError",
@@ -35,7 +36,13 @@ class RunFolderError(ValueError):
 
 
 def save_weights(model: nn.Module, path: Path) -> None:
-    """``model.safetensors`` via a temporary sibling + rename (tied weights stored once)."""
+    """``model.safetensors`` via a temporary sibling + rename (tied weights stored once).
+    Weights holding NaN or Inf are refused (``RunFolderError``) before anything is written:
+    they must never replace a run's good weights."""
+    bad = first_nonfinite(model.state_dict())
+    if bad is not None:
+        raise RunFolderError(f"{path}: not written: the weight {bad!r} holds NaN or Inf (the "
+                             "model diverged); the file there, if any, is left as it was")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)

@@ -202,6 +202,8 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
                              f"({type(err).__name__}: {err})") from None
     tokenizer = _with_special_ids(tokenizer, config, run_dir / CONFIG)
+    # The weights against the config first: a config edited by hand is named by its field.
+    check_weights_fit(skeleton, run_dir / WEIGHTS, run_dir / CONFIG)
     check_tokenizer_fits(tokenizer, skeleton.config, run_dir / TOKENIZER, run_dir / CONFIG)
     labels = None
     if found == "classifier":
@@ -214,7 +216,6 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         if len(labels) != classes:
             raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
                                  f"model has {classes} classes")
-    check_weights_fit(skeleton, run_dir / WEIGHTS, run_dir / CONFIG)
     model = _build(found, config[key])
     _quantized_layout(model, config, run_dir / CONFIG)
     load_weights(model, run_dir / WEIGHTS, device=device)

@@ -38,6 +38,17 @@ class FolderBusyError(RunFolderError):
     """Another live process holds the folder's lock; the message names its PID."""
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _refuse_link(path: Path) -> None:
+    """A lock file that is a symbolic link is refused: locking it would write our details
+    into whatever it points at."""
+    if path.is_symlink():
+        raise RunFolderError(f"{path} is a symbolic link: handformer writes its lock only into "
+                             "a plain file of its own; remove the link")
+
+
 def _holder(fd: int) -> str:
     """The current holder's details, as written in the lock file, for a message."""
     try:
@@ -60,8 +71,9 @@ def check_not_busy(folder: str | Path) -> None:
     path = Path(folder) / LOCK_FILE
     if fcntl is None:
         return
+    _refuse_link(path)
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except OSError:
         return  # no lock file (or none readable): nobody holds one we could wait for
     try:
@@ -94,7 +106,13 @@ class FolderLock:
         if self._fd is not None:
             raise RuntimeError(f"{self.path} is already held by this FolderLock")
         # O_RDWR without O_TRUNC: a process that fails to lock must not erase the holder's PID.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # O_NOFOLLOW: a link planted under the lock's name must not carry our write elsewhere.
+        _refuse_link(self.path)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError:
+            _refuse_link(self.path)  # a link that appeared since: ELOOP, named
+            raise
         try:
             if fcntl is not None:
                 try:

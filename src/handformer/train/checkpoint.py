@@ -16,6 +16,14 @@ exists only once it is complete, and a crash at any point leaves the previous on
 Loading uses safetensors and JSON only (no pickle), checks every file against the marker
 first, and turns any problem into a ``CheckpointError`` naming the file.
 
+A checkpoint folder may come from someone else, so nothing in it is trusted to point
+elsewhere: a checkpoint root, a ``step-…`` entry or a file listed in a commit marker that is
+a symbolic link is refused (never read or written through), a marker's file names must be
+plain names, and a checkpoint's step is the one its own marker records — checked against its
+folder's name. Nothing non-finite is ever committed: ``save_checkpoint`` refuses weights or
+optimizer state holding NaN or Inf (``NonFiniteStateError``), so a diverged step can never
+rotate the last good checkpoint out.
+
 The writer reports its progress to an optional ``on_phase(phase, step)`` callable, once per
 phase in ``PHASES`` order (see ``save_checkpoint``): to log or time the phases, or to stop a
 process at a chosen moment of the write and check what survives.
@@ -34,18 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
-from torch import nn
+from torch import Tensor, nn
 
 from handformer.atomic import atomic_write_text, fsync_dir
 from handformer.train.state import TrainerState
 from handformer.train.tensor_file import TensorFileError, check_tensor_file
 
 __all__ = [
-    "MARKER", "PHASES", "CheckpointError", "CheckpointInfo", "CheckpointManager", "PhaseHook",
-    "is_checkpoint_entry", "list_checkpoints", "load_weights", "read_checkpoint_json",
-    "read_trainer_state", "remove_checkpoint_entry", "remove_stale", "save_checkpoint",
-    "verify_checkpoint",
+    "MARKER", "PHASES", "CheckpointError", "CheckpointInfo", "CheckpointManager",
+    "NonFiniteStateError", "PhaseHook", "first_nonfinite", "is_checkpoint_entry",
+    "list_checkpoints", "load_weights", "read_checkpoint_json", "read_trainer_state",
+    "remove_checkpoint_entry", "remove_stale", "save_checkpoint", "verify_checkpoint",
 ]
 
 WEIGHTS = "model.safetensors"
@@ -74,6 +83,26 @@ PhaseHook = Callable[[str, int], None]  # on_phase(phase, step)
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, incomplete, damaged or foreign; the message names the file."""
+
+
+class NonFiniteStateError(CheckpointError):
+    """Weights or optimizer state holding NaN or Inf: never committed, never resumed."""
+
+
+def first_nonfinite(tensors: Mapping[str, Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or an Inf, or None."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and tensor.numel() and \
+                not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def _refuse_link(path: Path, what: str) -> None:
+    if path.is_symlink():
+        raise CheckpointError(f"{path} is a symbolic link ({what}): handformer never reads or "
+                              "writes a checkpoint through a link, which could point at "
+                              "another run's files; put the real folder or file there")
 
 
 @dataclass(frozen=True)
@@ -123,10 +152,19 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
     if state.meta.get("step", step) != step:
         raise ValueError(f"trainer state is at step {state.meta['step']}; asked to save it as "
                          f"step {step}")
-    root.mkdir(parents=True, exist_ok=True)
+    bad = first_nonfinite(model.state_dict())
+    where = "weight" if bad is not None else "optimizer state"
+    bad = bad if bad is not None else first_nonfinite(state.tensors)
+    if bad is not None:
+        raise NonFiniteStateError(
+            f"step {step}: the {where} {bad!r} holds NaN or Inf, so no checkpoint is "
+            f"committed into {root} (the last good one stays)")
     name = checkpoint_name(step)
-    tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     final, old = root / name, None
+    _refuse_link(root, "the checkpoint folder")
+    _refuse_link(final, "a checkpoint")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
         phase("started")
@@ -168,11 +206,14 @@ def save_checkpoint(root: str | Path, step: int, model: nn.Module, state: Traine
 def list_checkpoints(root: str | Path) -> list[CheckpointInfo]:
     """Committed checkpoints under ``root`` (those with a commit marker), oldest first."""
     root = Path(root)
+    _refuse_link(root, "the checkpoint folder")
     if not root.is_dir():
         return []
     found = []
     for path in root.iterdir():
         m = _NAME.match(path.name)
+        if m:
+            _refuse_link(path, "a checkpoint")
         if m and path.is_dir() and (path / MARKER).is_file():
             found.append(CheckpointInfo(path, int(m.group(1))))
     return sorted(found, key=lambda c: c.step)
@@ -196,6 +237,8 @@ def is_checkpoint_entry(path: str | Path) -> bool:
     touching files another tool put there."""
     path = Path(path)
     if path.name == BEST:
+        if path.is_symlink():
+            return False
         try:
             best = json.loads(path.read_bytes().decode("utf-8"))
         except (OSError, ValueError):
@@ -273,21 +316,29 @@ def _check_format(file: Path, data: dict[str, Any]) -> int:
 def verify_checkpoint(path: str | Path) -> CheckpointInfo:
     """Check every file against the commit marker (presence, size, sha256)."""
     path = Path(path)
+    _refuse_link(path, "a checkpoint")
     if not path.is_dir():
         raise CheckpointError(f"{path}: checkpoint folder not found")
     marker_file = path / MARKER
+    _refuse_link(marker_file, "a commit marker")
     if not marker_file.is_file():
         raise CheckpointError(f"{marker_file}: missing; {path} is not a committed checkpoint")
     marker = _read_json(marker_file)
     step = _check_format(marker_file, marker)
+    named = _NAME.match(path.name)
+    if named and int(named.group(1)) != step:
+        raise CheckpointError(f"{marker_file}: records step {step}, but its folder is named "
+                              f"{path.name}: renamed or copied over another checkpoint")
     files = marker.get("files")
     if not isinstance(files, dict) or not {WEIGHTS, STATE_TENSORS, STATE_META} <= set(files):
         raise CheckpointError(f"{marker_file}: file list is missing or incomplete; expected "
                               f"at least {sorted(_RESERVED - {MARKER})}")
     for fname, entry in files.items():
         file = path / str(fname)
-        if "/" in fname or "\\" in fname or fname in ("", ".", "..") or fname == MARKER:
+        if "/" in fname or "\\" in fname or fname in ("", ".", "..") or fname == MARKER \
+                or "\x00" in fname:
             raise CheckpointError(f"{marker_file}: bad file name {fname!r}")
+        _refuse_link(file, f"listed in {MARKER}")
         if not file.is_file():
             raise CheckpointError(f"{file}: missing (listed in {MARKER})")
         if not isinstance(entry, dict):

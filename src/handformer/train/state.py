@@ -84,6 +84,7 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: TrainerState) -> 
         # JSON turned tuples (AdamW's betas) into lists: give back the optimizer's own types.
         groups = [{k: tuple(v) if isinstance(cur.get(k), tuple) else v for k, v in g.items()}
                   for g, cur in zip(groups, current, strict=True)]
+        _check_recipe(groups, current)
         _check_shapes(optimizer, groups, state)
         optimizer.load_state_dict({"state": state, "param_groups": groups})
     except TrainerStateError:
@@ -91,6 +92,26 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: TrainerState) -> 
     except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as err:
         raise TrainerStateError(f"optimizer state does not fit this model's optimizer: "
                                 f"{type(err).__name__}: {err}") from None
+
+
+# The hyper-parameters a run's recipe (its TrainConfig) sets on each optimizer group. The
+# saved ones replace the optimizer's on load, so where they differ the run would train with a
+# recipe other than the one it records. (``lr`` itself is set again at every step from
+# ``base_lr`` and the schedule.)
+RECIPE_KEYS = ("base_lr", "weight_decay", "betas", "eps", "momentum", "nesterov", "ns_steps")
+
+
+def _check_recipe(saved: list[dict[str, Any]], current: list[dict[str, Any]]) -> None:
+    """``TrainerStateError`` naming the first group hyper-parameter whose saved value differs
+    from the one the optimizer was built with (from the recorded recipe)."""
+    for i, (old, new) in enumerate(zip(saved, current, strict=True)):
+        for key in RECIPE_KEYS:
+            if key in old and key in new and old[key] != new[key]:
+                raise TrainerStateError(
+                    f"parameter group {i} was saved with {key}={old[key]!r} but the recorded "
+                    f"recipe (config.json) gives {key}={new[key]!r}: the checkpoint's files do "
+                    "not belong together, and resuming would train with a recipe other than "
+                    "the one it records")
 
 
 def _check_shapes(optimizer: torch.optim.Optimizer, groups: list[dict[str, Any]],

@@ -34,6 +34,8 @@ from handformer.train.checkpoint import (
     CheckpointError,
     CheckpointInfo,
     CheckpointManager,
+    NonFiniteStateError,
+    first_nonfinite,
     load_weights,
     read_trainer_state,
     verify_checkpoint,
@@ -300,6 +302,15 @@ class Trainer:
         else:
             load_weights(self.model, info.path, verify=False)
         state = read_trainer_state(info.path, verify=False)
+        loaded = self.model if self.parallel.replica is None else self.parallel.replica
+        for file, tensors in (("model.safetensors", loaded.state_dict()),
+                              ("trainer_state.safetensors", state.tensors)):
+            bad = first_nonfinite(tensors)
+            if bad is not None:
+                raise NonFiniteStateError(
+                    f"{info.path / file}: {bad!r} holds NaN or Inf; resuming would train into "
+                    f"NaN weights and commit them. Move {info.path.name} out of "
+                    f"{info.path.parent} to resume from the checkpoint before it")
         try:
             self.load_state_dict(state)
         except TrainerStateError as err:
@@ -447,9 +458,16 @@ class Trainer:
         model = self.parallel.full_model()
         self.dist.barrier()  # every rank is here before rank 0 writes and renames
         if self.dist.is_main:
-            result.last_checkpoint = self.checkpoints.save(
-                self.step, model, state, best_step=self.best_step,
-                best_val_loss=self.best_val_loss)
+            try:
+                result.last_checkpoint = self.checkpoints.save(
+                    self.step, model, state, best_step=self.best_step,
+                    best_val_loss=self.best_val_loss)
+            except NonFiniteStateError as err:  # a step ruined the weights: stop, keep the last
+                latest = self.checkpoints.latest()
+                where = f"the last good checkpoint is {latest.path}" if latest else \
+                    "no checkpoint was committed"
+                raise NonFiniteError(f"stopped at step {self.step}: {err}; {where}. Try a "
+                                     "lower --lr, --precision fp32, or check the data.") from None
         self.dist.barrier()  # nobody runs ahead of (or exits before) the commit
 
     def _nonfinite_message(self, outcome: _StepOutcome) -> str:

@@ -1,0 +1,56 @@
+"""Every language-model preset leaves: its model converts to a Hugging Face family that
+transformers loads with its own class (the same logits), and to ONNX."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from handformer.config import PRESETS, ModelConfig
+from handformer.interop.families import pick_family
+from handformer.interop.hf_folder import export_hf_folder
+from handformer.models.decoder_lm import DecoderLM
+from handformer.runs import save_run
+from handformer.tokenizers import CharTokenizer
+
+transformers = pytest.importorskip(
+    "transformers", reason="the 'transformers' test extra is not installed "
+    "(pip install -r requirements-dev.txt)")
+
+TEXT = "The quick brown fox jumps over the lazy dog.\n"
+
+
+def _run(preset: str, folder: Path) -> DecoderLM:
+    tok = CharTokenizer.from_text(TEXT)
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(vocab_size=tok.vocab_size, **PRESETS[preset].model)).eval()
+    save_run(folder, model, tok)
+    return model
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_converts_to_a_hugging_face_family(preset: str, tmp_path: Path) -> None:
+    model = _run(preset, tmp_path / "run")
+    out, family = export_hf_folder(tmp_path / "run", tmp_path / "hf")
+    assert family == pick_family(model.config)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    ids = torch.randint(0, model.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_exports_to_onnx(preset: str, tmp_path: Path) -> None:
+    ort = pytest.importorskip("onnxruntime", reason="the 'onnx' test extra is not installed")
+    from handformer.interop.onnx_export import export_onnx
+
+    model = _run(preset, tmp_path / "run")
+    path = export_onnx(tmp_path / "run", tmp_path / "lm.onnx")
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ids = torch.randint(0, model.config.vocab_size, (2, 9))
+    (logits,) = session.run(["logits"], {"input_ids": ids.numpy()})
+    with torch.no_grad():
+        assert abs(logits - model(ids).numpy()).max() <= 1e-4
