@@ -671,7 +671,7 @@ def test_dropout_is_off_in_eval_mode() -> None:
 
 
 # -- tie_weights, bias, max_len, vocab ---------------------------------------------------------
-def test_tied_head_is_the_embedding_and_learns_with_it() -> None:
+def test_tied_head_reads_the_token_embedding() -> None:
     cfg = ModelConfig(**BASE)
     tied, untied = DecoderLM(cfg), DecoderLM(replace(cfg, tie_weights=False))
     assert sum(p.numel() for p in untied.parameters()) == \

@@ -501,3 +501,20 @@ def test_max_nonfinite_steps_is_the_number_of_skipped_steps_that_stops_the_run()
         trainer.fit()
     assert trainer.step == 3 and trainer.nonfinite_steps == 3
     assert all(torch.equal(v, trainer.model.state_dict()[k]) for k, v in before.items())
+
+
+# -- the data levers the LM job reads --------------------------------------------------------------
+def test_val_fraction_holds_out_the_last_tokens_and_eval_batches_count_windows() -> None:
+    """``val_fraction`` 0.25 of 1000 tokens: the last 250 are the validation stream (the LM job
+    splits with it); ``eval_batches`` × ``batch_size`` evenly spaced windows of it are the
+    validation batches, first and last window included."""
+    from handformer.data import LMWindows, train_val_split
+
+    ids = torch.arange(1000)
+    train, val = train_val_split(ids, TrainConfig(val_fraction=0.25).val_fraction)
+    assert torch.equal(train, ids[:750]) and torch.equal(val, ids[750:])
+    batches = LMWindows(val, 16).fixed_batches(3, 4)  # eval_batches = 3, batch_size = 4
+    assert [tuple(b.ids.shape) for b in batches] == [(4, 16)] * 3
+    starts = [int(row[0]) - 750 for b in batches for row in b.ids]
+    n_windows = 250 - 16  # starts 0 … 233
+    assert starts == [k * (n_windows - 1) // 11 for k in range(12)]
