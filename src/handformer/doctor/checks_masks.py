@@ -3,11 +3,14 @@
 Static checks read the mask builders and the data's padding masks. Behavioural probes run
 the model, so they catch a wrong mask wherever it is built:
 
-* causality probe — change the tokens after position t: the logits at ≤ t must not move.
-  A second probe tells *how* it is wrong: if changing every earlier token leaves the last
-  position unmoved, each query sees only itself and the future (a transposed mask); if not,
-  it sees everything (a missing mask). With handformer attention the weights themselves
-  show the mask each layer used.
+* causality probe — change the tokens after position t: the logits at ≤ t must not move,
+  for every cut t when T ≤ 17, else at 16 cuts spread over the window (first, middle and
+  last included). A second probe tells *how* it is wrong: if changing every earlier token leaves
+  the last position unmoved, each query sees only itself and the future (a transposed
+  mask); if not, it sees everything (a missing mask). With handformer attention the weights
+  themselves show the mask each layer used, and any weight on a future key fails the check:
+  that sees a single (query, key) pair of leak, wherever it is, which cuts between the
+  sampled positions could miss.
 * padding probe — pad a sequence on the right and on the left: its real positions must
   give the same logits as the sequence alone.
 * pad keys — the attention weights of real queries on pad keys must be exactly zero, and
@@ -144,6 +147,26 @@ def effective_masks(records: list[AttentionRecord]) -> dict[str, Tensor]:
     return out
 
 
+CAUSAL_CUTS = 16  # perturbation probes at most (each one forward pass)
+
+
+def future_pairs(mask: Tensor) -> list[tuple[int, int]]:
+    """(query, key) pairs of an allowed-mask (T, S) that lie after the end-aligned diagonal."""
+    t, s = mask.shape
+    future = mask & ~causal_mask(t, s, device=mask.device)  # (T, S)
+    return [(int(i), int(j)) for i, j in future.nonzero().tolist()]
+
+
+def _cuts(t_len: int) -> list[int]:
+    """Cut positions t in [0, T − 2]: all of them, or ``CAUSAL_CUTS`` spread evenly (with the
+    middle one, T // 2)."""
+    last = t_len - 2
+    if last + 1 <= CAUSAL_CUTS:
+        return list(range(last + 1))
+    spread = {round(k * last / (CAUSAL_CUTS - 1)) for k in range(CAUSAL_CUTS)}
+    return sorted(spread | {t_len // 2})
+
+
 @guarded(SECTION, "causality probe", CAUSAL_HINT)
 def check_causality(subject: Subject) -> CheckResult:
     ids = subject.probe.ids  # (B, T)
@@ -156,10 +179,15 @@ def check_causality(subject: Subject) -> CheckResult:
         tol = subject.tolerance(base)
         leaks: dict[int, float] = {}
         later = 0.0
-        for t in sorted({0, t_len // 2, t_len - 2}):
+        # The first, middle and last cut draw from the subject's generator and the others
+        # from their own, so the checks after this one see the random draws they always saw.
+        own = torch.Generator().manual_seed(subject.seed + 1)
+        main = {0, t_len // 2, t_len - 2}
+        for t in _cuts(t_len):
             changed = ids.clone()
-            changed[:, t + 1:] = subject.random_tokens(tuple(ids[:, t + 1:].shape),
-                                                       avoid=ids[:, t + 1:])
+            changed[:, t + 1:] = subject.random_tokens(
+                tuple(ids[:, t + 1:].shape), avoid=ids[:, t + 1:],
+                generator=None if t in main else own)
             out = subject.forward(changed)
             leaks[t] = float((out[:, : t + 1] - base[:, : t + 1]).abs().max())
             later = max(later, float((out[:, t + 1:] - base[:, t + 1:]).abs().max()))
@@ -168,15 +196,36 @@ def check_causality(subject: Subject) -> CheckResult:
         past = float((subject.forward(changed)[:, -1] - base[:, -1]).abs().max())
     details = {"leak_by_position": {str(k): v for k, v in leaks.items()}, "tolerance": tol,
                "later_moved": later, "past_moved_last": past}
-    layers = {n: classify(m) for n, m in effective_masks(probe_records(subject)).items()}
+    used = effective_masks(probe_records(subject))
+    layers = {n: classify(m) for n, m in used.items()}
     details["layer_masks"] = layers
+    future = {n: pairs for n, m in used.items() if (pairs := future_pairs(m))}
+    details["future_pairs"] = {n: len(pairs) for n, pairs in future.items()}
     worst_t = max(leaks, key=lambda k: leaks[k])
+    first_future = ""
+    if future:
+        name, pairs = next(iter(future.items()))
+        shown = ", ".join(f"query {i} → key {j}" for i, j in pairs[:4])
+        first_future = (f"{name} gives weight to {len(pairs)} (query, key) pair(s) after the "
+                        f"diagonal ({shown}{' …' if len(pairs) > 4 else ''})")
+    if leaks[worst_t] <= tol and future:
+        return CheckResult(
+            SECTION, "causality probe", Status.FAIL,
+            f"attention weights on future keys: {first_future}; {len(future)} layer(s) see "
+            f"the future, though changing the tokens after positions {sorted(leaks)} moved no "
+            "earlier logit", CAUSAL_HINT, details)
     if leaks[worst_t] > tol:
-        blind = past <= tol
-        verdict = ("changing every earlier token did not move the last position: each query "
-                   "sees only itself and later keys — the causal mask is transposed" if blind
-                   else "the last position still sees the past, so the future is visible on "
-                   "top of it — the causal mask is missing (or not applied)")
+        leaky = [t for t in sorted(leaks) if leaks[t] > tol]
+        if past <= tol:
+            verdict = ("changing every earlier token did not move the last position: each "
+                       "query sees only itself and later keys — the causal mask is transposed")
+        elif "full" in layers.values() or (not layers and len(leaky) == len(leaks)):
+            verdict = ("the last position still sees the past, so the future is visible on "
+                       "top of it — the causal mask is missing (or not applied)")
+        else:
+            verdict = (f"only part of the future is visible (cuts {leaky[:8]} leak): the mask "
+                       "is wrong at some positions, e.g. off by one (query i seeing key i + 1)"
+                       + (f"; {first_future}" if first_future else ""))
         wrong = {n: k for n, k in layers.items() if k != "causal"}
         inside = ("; attention weights: " + ", ".join(f"{n} {describe(k)}"
                                                        for n, k in wrong.items())) if wrong else ""

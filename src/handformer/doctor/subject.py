@@ -167,12 +167,15 @@ class Subject:
         """V: as given, or the model config's, or the logits' last dimension."""
         return self.vocab_size if self.vocab_size is not None else self.probe_logits().shape[-1]
 
-    def random_tokens(self, shape: tuple[int, ...], *, avoid: Tensor | None = None) -> Tensor:
+    def random_tokens(self, shape: tuple[int, ...], *, avoid: Tensor | None = None,
+                      generator: torch.Generator | None = None) -> Tensor:
         """Random ids in [0, V), never the pad id and, where ``avoid`` is given, never equal
-        to it elementwise — so a "perturbation" always changes every token it touches."""
+        to it elementwise — so a "perturbation" always changes every token it touches.
+        Drawn from ``generator`` (default: the subject's own)."""
         v = self.vocab
         choices = torch.tensor([i for i in range(v) if i != self.pad_id])
-        out = choices[torch.randint(0, len(choices), shape, generator=self.generator)]
+        out = choices[torch.randint(0, len(choices), shape,
+                                    generator=generator or self.generator)]
         if avoid is not None:
             same = out == avoid.cpu()
             out[same] = choices[(torch.searchsorted(choices, out[same]) + 1) % len(choices)]
