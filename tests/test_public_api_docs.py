@@ -27,7 +27,7 @@ USER_FACING_MODULES = [
     "handformer.nn.kv_cache", "handformer.nn.tiled_attention", "handformer.models.embedding",
     "handformer.models.decoder_lm", "handformer.models.budget",
     "handformer.models.encoder", "handformer.models.seq2seq", "handformer.doctor",
-    "handformer.train.trainer", "handformer.train.checkpoint",
+    "handformer.train.trainer", "handformer.train.checkpoint", "handformer.interop.torch_nn",
 ]
 
 

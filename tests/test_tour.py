@@ -1,16 +1,26 @@
 """The guided tours run: every ```python block in docs/tour.md and docs/tour.zh.md is executed
 and its printed output compared with the ```text block that follows it.
 
+The tours run as a reader runs them, from an installed package: in a fresh Python process
+started in an empty temporary folder outside the repository, with only the installed
+``handformer`` on its path, so ``import tests`` (or any other file of the checkout) fails
+there. The one data file a tour reads, the stored length study (``TOUR_READS``), is copied
+beside it, as a reader who has the repository's ``docs/`` folder has it.
+
 Within one tour the blocks run in order in one shared namespace (a later block may use names
-an earlier one defined), from the repository root, each with its stdout captured. Every python
-block must be followed by a text block holding exactly what it prints (trailing whitespace
-ignored), in the same section: an output block under the next heading reads as that section's
-output and is refused. Blocks inside ``<details>`` (the exercises' solutions) run like any
-other. Links in the tours must point at files that exist; a link
-``../tests/test_x.py::test_name`` at a test function that exists; a link whose text is a code
-span naming a Python object (`` [`causal_mask`](../src/handformer/masks.py) ``) at a file that
-defines it. Every picture a tour shows must exist, be small, and be one that
-``docs/make_pictures.py`` draws (the command the tours name).
+an earlier one defined), each with its stdout captured. Every python block must be followed
+by a text block holding exactly what it prints (trailing whitespace ignored), in the same
+section: an output block under the next heading reads as that section's output and is
+refused. Blocks inside ``<details>`` (the exercises' solutions) run like any other.
+
+Links are checked the way a renderer (GitHub's included) resolves them: the href, read as a
+path relative to the document (``#anchor`` aside), must be an existing file — so no ``::``
+in an href: ``../tests/x.py::test_name`` is a file named ``x.py::test_name`` to a renderer. A
+test is linked as its file, with its name in the link text; a link whose text is a code span
+naming a Python object (`` [`causal_mask`](../src/handformer/masks.py) ``,
+`` [`test_x`](../tests/test_x.py) ``) must point at a file that defines it. Every picture a
+tour shows must exist, be small, and be one that ``docs/make_pictures.py`` draws (the
+command the tours name).
 
 To refresh the expected output after changing a snippet, run the snippet and paste what it
 prints, or let this file do exactly that::
@@ -25,11 +35,17 @@ import contextlib
 import difflib
 import importlib.util
 import io
+import json
+import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import tokenize
 import traceback
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +53,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOURS = [ROOT / "docs" / "tour.md", ROOT / "docs" / "tour.zh.md"]
+TOUR_READS = ["docs/img/length_convergence.json"]  # relative to the folder the tour runs in
+RUN_TIMEOUT_S = 600  # a hung snippet fails the test instead of the whole suite
 
 FENCE = re.compile(r"^```\s*([\w.+-]*)\s*$")
 HEADING = re.compile(r"^#{1,6} ")
@@ -100,28 +118,90 @@ def output_block(blocks: list[Block], n: int) -> Block | None:
     return following if following.section == blocks[n].section else None
 
 
-def run_tour(path: Path) -> list[Outcome]:
-    """Execute the python blocks of one tour in one namespace, from the repository root (a
-    snippet may read a file of the repository); capture each one's stdout."""
+@dataclass
+class TourRun:
+    outcomes: list[Outcome]
+    cpu_seconds: float  # the child's CPU time for the blocks (a busy machine must not fail it)
+
+
+def run_tour(path: Path) -> TourRun:
+    """Execute the python blocks of one tour in one namespace, in a fresh process started in
+    an empty temporary folder outside the repository, with only the installed ``handformer``
+    on its path (see the module docstring); capture each block's stdout."""
+    import handformer
+
+    blocks = parse_blocks(path.read_text(encoding="utf-8"), str(path))
+    with tempfile.TemporaryDirectory(prefix="handformer-tour-") as tmp:
+        folder = Path(tmp) / "reader"
+        folder.mkdir()
+        for name in TOUR_READS:
+            if (ROOT / name).is_file():
+                (folder / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(ROOT / name, folder / name)
+        results = Path(tmp) / "outcomes.json"
+        env = {**os.environ, "PYTHONPATH": str(Path(handformer.__file__).resolve().parents[1])}
+        proc = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--run", str(path), str(results)],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        if proc.returncode != 0 or not results.is_file():
+            raise RuntimeError(f"the tour runner failed (exit {proc.returncode}):\n"
+                               f"{proc.stdout}{proc.stderr}")
+        ran = json.loads(results.read_text(encoding="utf-8"))
+    index = {b.line: n for n, b in enumerate(blocks)}
+    outcomes = [Outcome(blocks[index[r["line"]]], output_block(blocks, index[r["line"]]),
+                        r["actual"], r["error"]) for r in ran["blocks"]]
+    return TourRun(outcomes, ran["cpu_seconds"])
+
+
+def _outside_the_checkout() -> str | None:
+    """Why this process could reach the repository's files, or None if it cannot."""
+    here = Path(__file__).resolve().parent
+    if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == here:
+        del sys.path[0]  # the script's own folder, which ``python tests/test_tour.py`` adds
+    if Path.cwd().resolve().is_relative_to(ROOT):
+        return f"the tour runs in {Path.cwd()}, inside the repository {ROOT}"
+    on_path = [p for p in sys.path if (Path(p or ".").resolve()) == ROOT]
+    if on_path:
+        return f"the repository {ROOT} is on sys.path"
+    spec = importlib.util.find_spec("tests")
+    if spec is not None and spec.origin and Path(spec.origin).resolve().is_relative_to(ROOT):
+        return f"`import tests` finds the repository's test suite ({spec.origin})"
+    return None
+
+
+def _run_blocks(path: Path, results: Path) -> int:
+    """The child of ``run_tour``: run the tour's python blocks here, write what each printed
+    (or raised) to ``results`` as JSON."""
+    why = _outside_the_checkout()
+    if why is not None:
+        print(f"refusing to run the tour: {why}", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("HANDFORMER_TEST_THREADS", "1")))  # as conftest
+    torch.manual_seed(0)  # as conftest's autouse seed
+    started = time.process_time()  # CPU time: a busy shared machine must not fail the test
     blocks = parse_blocks(path.read_text(encoding="utf-8"), str(path))
     namespace: dict[str, object] = {"__name__": "__tour__"}
-    outcomes: list[Outcome] = []
-    with contextlib.chdir(ROOT):
-        for n, block in enumerate(blocks):
-            if block.lang != "python":
-                continue
-            buffer = io.StringIO()
-            error = None
-            try:
-                code = compile(block.body, f"{path.name}:{block.line}", "exec")
-                with contextlib.redirect_stdout(buffer):
-                    exec(code, namespace)  # the tour is our own documentation
-            except Exception:  # reported with the block's line number
-                error = traceback.format_exc(limit=-3)
-            outcomes.append(Outcome(block, output_block(blocks, n), buffer.getvalue(), error))
-            if error is not None:
-                break  # later blocks depend on this one's names
-    return outcomes
+    ran: list[dict[str, object]] = []
+    for block in blocks:
+        if block.lang != "python":
+            continue
+        buffer = io.StringIO()
+        error = None
+        try:
+            code = compile(block.body, f"{path.name}:{block.line}", "exec")
+            with contextlib.redirect_stdout(buffer):
+                exec(code, namespace)  # the tour is our own documentation
+        except Exception:  # reported with the block's line number
+            error = traceback.format_exc(limit=-3)
+        ran.append({"line": block.line, "actual": buffer.getvalue(), "error": error})
+        if error is not None:
+            break  # later blocks depend on this one's names
+    results.write_text(json.dumps({"blocks": ran,
+                                   "cpu_seconds": time.process_time() - started}),
+                       encoding="utf-8")
+    return 0
 
 
 def describe_failures(path: Path, outcomes: list[Outcome]) -> list[str]:
@@ -180,6 +260,9 @@ def python_object_exists(file: Path, dotted: str) -> bool:
 
 
 def check_links(path: Path) -> list[str]:
+    """Each link as a renderer resolves it: the href (percent-decoded, ``#anchor`` aside) is
+    a path relative to the document and must be an existing file; ``::`` is part of that
+    path, so a ``file.py::test_name`` href is refused."""
     problems: list[str] = []
     text = path.read_text(encoding="utf-8")
     in_code = False
@@ -194,16 +277,15 @@ def check_links(path: Path) -> list[str]:
             where = f"{path.relative_to(ROOT)}:{lineno}"
             if re.match(r"^[a-z]+:", target) or target.startswith("#"):
                 continue  # URLs and in-page anchors
-            file_part, _, test_name = target.partition("::")
-            file_part = file_part.split("#", 1)[0]
-            resolved = (path.parent / file_part).resolve()
-            if not resolved.exists():
-                problems.append(f"{where}: link [{label}]({target}) points at a missing file")
+            if "::" in target:
+                problems.append(f"{where}: link [{label}]({target}): a renderer reads '::' as "
+                                "part of the file name; link the file and put the test's "
+                                "name in the link text")
                 continue
-            if test_name:
-                if resolved.suffix != ".py" or not python_object_exists(resolved, test_name):
-                    problems.append(f"{where}: link [{label}]({target}): no function "
-                                    f"{test_name} in {file_part}")
+            file_part = urllib.parse.unquote(target.split("#", 1)[0])
+            resolved = (path.parent / file_part).resolve()
+            if not resolved.is_file():
+                problems.append(f"{where}: link [{label}]({target}) points at a missing file")
                 continue
             named = CODE_NAME.match(label.strip())
             if (named and resolved.suffix == ".py" and not named.group(1).endswith(".py")
@@ -216,12 +298,11 @@ def check_links(path: Path) -> list[str]:
 # -- the tests --------------------------------------------------------------------------------
 @pytest.mark.parametrize("tour", TOURS, ids=[p.name for p in TOURS])
 def test_every_snippet_runs_and_prints_what_the_tour_shows(tour: Path) -> None:
-    started = time.process_time()  # CPU time: a busy shared machine must not fail the test
-    outcomes = run_tour(tour)
-    problems = describe_failures(tour, outcomes)
-    assert outcomes, f"{tour} has no python blocks"
+    run = run_tour(tour)
+    problems = describe_failures(tour, run.outcomes)
+    assert run.outcomes, f"{tour} has no python blocks"
     assert not problems, "\n\n".join(problems)
-    cpu = time.process_time() - started
+    cpu = run.cpu_seconds
     assert cpu < 30, f"{tour.name} took {cpu:.1f} s of CPU; the tour must stay quick"
 
 
@@ -270,8 +351,10 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
         "```python\nprint('no output block')\n```\n\n"
         "## a section\n\n```python\nprint(x)\nraise RuntimeError('boom')\n```\n\n"
         "```text\n2\n```\n\n"
-        "[gone](../nowhere.py) [t](../tests/test_tour.py::test_that_does_not_exist)\n"
-        "[`parse_blocks`](../tests/test_tour.py) [`no_such_name`](../tests/test_tour.py)\n",
+        "[gone](../nowhere.py) [t](../tests/test_tour.py::parse_blocks)\n"
+        "[`parse_blocks`](../tests/test_tour.py) [`no_such_name`](../tests/test_tour.py)\n"
+        "[`test_that_does_not_exist`](../tests/test_tour.py) [folder](../tests)\n"
+        "[`parse_blocks`](../tests/test%5Ftour.py#L1)\n",
         encoding="utf-8")
     misplaced = docs / "misplaced.md"  # the output sits under the next heading
     misplaced.write_text("## one\n\n```python\nprint(1)\n```\n\n## two\n\ntext\n\n"
@@ -282,9 +365,9 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     saved = ROOT
     ROOT = tmp_path
     try:
-        problems = describe_failures(tour, run_tour(tour))
+        problems = describe_failures(tour, run_tour(tour).outcomes)
         links = check_links(tour)
-        misplaced_problems = describe_failures(misplaced, run_tour(misplaced))
+        misplaced_problems = describe_failures(misplaced, run_tour(misplaced).outcomes)
     finally:
         ROOT = saved
     assert len(problems) == 3, problems
@@ -296,10 +379,27 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     assert len(misplaced_problems) == 1, misplaced_problems
     assert misplaced_problems[0].startswith("docs/misplaced.md:3: the python block has no ```text")
     assert "in its own section (## one)" in misplaced_problems[0]
-    assert len(links) == 3, links
+    assert len(links) == 5, links  # the percent-encoded link with an anchor resolves
     assert "missing file" in links[0]
-    assert "no function test_that_does_not_exist" in links[1]
+    assert "a renderer reads '::' as part of the file name" in links[1]
     assert "does not define no_such_name" in links[2]
+    assert "does not define test_that_does_not_exist" in links[3]
+    assert "[folder](../tests) points at a missing file" in links[4]
+
+
+def test_the_tour_runs_outside_the_checkout(tmp_path: Path) -> None:
+    """The reader's seat: the snippets run in a folder outside the repository, where the
+    test suite cannot be imported and handformer is the installed package."""
+    tour = tmp_path / "tour.md"
+    tour.write_text(
+        "```python\nimport os\nfrom pathlib import Path\n"
+        f"print(Path.cwd().resolve().is_relative_to({str(ROOT)!r}))\n"
+        "try:\n    import tests.test_tour\nexcept ModuleNotFoundError as err:\n"
+        "    print(err)\nimport handformer\nprint(handformer.__name__)\n```\n",
+        encoding="utf-8")
+    (outcome,) = run_tour(tour).outcomes
+    assert outcome.error is None, outcome.error
+    assert outcome.actual.splitlines() == ["False", "No module named 'tests'", "handformer"]
 
 
 # -- pictures ---------------------------------------------------------------------------------
@@ -368,7 +468,7 @@ def update(path: Path) -> None:
     """Rewrite each python block's text block with what the block prints now (inserting one
     where it is missing). Stops at the first block that raises."""
     lines = path.read_text(encoding="utf-8").splitlines()
-    outcomes = run_tour(path)
+    outcomes = run_tour(path).outcomes
     for o in reversed(outcomes):  # from the bottom, so earlier line numbers stay valid
         if o.error is not None:
             print(f"{path}:{o.block.line} raised; nothing after it was updated\n{o.error}",
@@ -383,12 +483,10 @@ def update(path: Path) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--run":  # run_tour's child
+        sys.exit(_run_blocks(Path(sys.argv[2]), Path(sys.argv[3])))
     if len(sys.argv) < 3 or sys.argv[1] != "--update":
         sys.exit("usage: python tests/test_tour.py --update docs/tour.md [docs/tour.zh.md]")
-    import torch
-
-    sys.path.insert(0, str(ROOT))  # the tours import parity helpers from tests/reference/
-    torch.set_num_threads(1)  # as in the test suite (tests/conftest.py)
     for name in sys.argv[2:]:
         t0 = time.perf_counter()
         update(Path(name).resolve())

@@ -5,8 +5,9 @@ in a fresh folder, and every case must
   (argparse's errors, a value out of range or not finite, options that contradict each
   other), 1 for everything refused while running (files, folders, run state, sizes);
 * say so in ONE line on stderr, ``handformer <command>: error: <message>``, as its last line,
-  naming what was wrong (the case's expected piece of the message); the only lines allowed
-  before it are ``handformer <command>: warning: ...`` lines and argparse's usage block;
+  naming what was wrong (the case's expected piece of the message), and for a usage error
+  (exit 2) ending with a pointer to the command's ``--help``; the only lines allowed before
+  it are ``handformer <command>: warning: ...`` lines (argparse's usage block is not);
 * print no ``Traceback`` on stderr or stdout;
 * leave every file that was in the folder before it byte-identical (names, sizes, sha256).
 
@@ -995,9 +996,6 @@ def outcomes(request: pytest.FixtureRequest, fixtures: Fixtures,
     return found
 
 
-USAGE_LINE = re.compile(r"^(usage: |\s)")
-
-
 def check_failure(command: str, code: int | tuple[int, ...], message: str, *,
                   returncode: int | None, stdout: str, stderr: str) -> None:
     """THE CONTRACT for a failed command (or, where ``code`` allows 0, a clean success)."""
@@ -1014,13 +1012,16 @@ def check_failure(command: str, code: int | tuple[int, ...], message: str, *,
     assert lines, f"nothing on stderr; {shown}"
     errors = [line for line in lines if ": error:" in line]
     assert len(errors) == 1 and errors[0] == lines[-1], f"expected one error line, last; {shown}"
-    # argparse's own refusals of the top-level parser (unknown options) say "handformer:"
+    # an unknown command (or none) is refused by the top-level parser, "handformer:"
     speaker = rf"handformer( {re.escape(command)}( [a-z]+)?)?" if returncode == 2 else \
         rf"{re.escape(prefix)}( [a-z]+)?"
-    assert re.match(rf"^{speaker}: error: \S", lines[-1]), shown
-    for line in lines[:-1]:  # warnings and argparse's usage block only
-        assert (line.startswith(prefix) and ": warning: " in line) or \
-            USAGE_LINE.match(line), f"unexpected line {line!r}; {shown}"
+    said = re.match(rf"^({speaker}): error: \S", lines[-1])
+    assert said, shown
+    if returncode == 2:
+        assert lines[-1].endswith(f" (see {said.group(1)} --help)"), shown
+    for line in lines[:-1]:  # warnings only
+        assert line.startswith(prefix) and ": warning: " in line, \
+            f"unexpected line {line!r}; {shown}"
     text = lines[-1].lower()
     assert any(piece.lower() in text for piece in message.split("|")), \
         f"the error should mention {message!r}; {shown}"

@@ -5,8 +5,10 @@ test_cli_signals.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Callable
@@ -47,7 +49,7 @@ ALLOCATOR = ("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not
 
 
 @pytest.mark.parametrize("err, code, line", [
-    (UsageError("--a needs --b"), 2, "error: --a needs --b"),
+    (UsageError("--a needs --b"), 2, "error: --a needs --b (see handformer convert --help)"),
     (ValueError("bad file"), 1, "error: bad file"),
     (FileNotFoundError(2, "No such file or directory", "x.txt"), 1,
      "error: [Errno 2] No such file or directory: 'x.txt'"),
@@ -152,6 +154,14 @@ def lm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 USAGE = [
+    [],  # no command at all
+    ["train", "--lr", "x"],  # argparse's type error
+    ["train", "--bogus", "1"],  # an option the command does not have
+    ["doctor", "--no-such-option"],
+    ["seq2seq", "train", "--nope"],
+    ["convert", "--to", "xx", "a", "b"],  # not one of the choices
+    ["bench", "--quick", "--out-dir", ""],
+    ["experiment", "length", "--steps", "0"],
     ["train", "--resume", "RUN", "--lr", "0.1"],
     ["train", "--vocab-size", "300"],
     ["train", "--dropout", "2"],
@@ -181,7 +191,12 @@ def test_command_line_mistakes_exit_2(argv: list[str], lm_run: Path, tmp_path: P
         code = exit_.code  # type: ignore[assignment]
     err = capsys.readouterr().err
     assert code == 2, err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("handformer ")
+    # One line, no usage block before it, naming the command and pointing at its --help.
+    command = " ".join(["handformer", *itertools.takewhile(lambda a: not a.startswith("-"),
+                                                           argv)])
+    (line,) = err.splitlines()
+    assert line.startswith(f"{command}: error: "), line
+    assert line.endswith(f" (see {command} --help)"), line
     assert list(tmp_path.iterdir()) == []
 
 
@@ -223,3 +238,15 @@ def test_sizes_nobody_can_allocate_are_refused_fast(lm_run: Path, tmp_path: Path
         assert time.perf_counter() - start < 20, argv
     assert sorted(p.name for p in tmp_path.iterdir()) == ["absurd.json", "deep.json",
                                                           "wide.json"]
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README.zh.md"])
+def test_the_readmes_usage_error_is_what_the_command_prints(
+        readme: str, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (Path(__file__).resolve().parents[2] / readme).read_text(encoding="utf-8")
+    shown = re.search(r"^`?(handformer train: error: argument --lr: [^`\n]*)`?", text, re.M)
+    assert shown, f"{readme} shows no usage error of `handformer train --lr x`"
+    with pytest.raises(SystemExit) as stop:
+        main(["train", "--lr", "x"])
+    assert stop.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [shown.group(1)]

@@ -13,6 +13,7 @@ from handformer.cli import main
 from handformer.config import ModelConfig, Seq2SeqConfig
 from handformer.data.seq2seq import collate_pairs
 from handformer.data.tasks import SEQ2SEQ_ALPHABET, SEQ2SEQ_TASKS, seq2seq_pairs
+from handformer.interop.torch_nn import to_torch_transformer
 from handformer.jobs.seq2seq import (
     exact_match,
     load_seq2seq_run,
@@ -23,7 +24,6 @@ from handformer.loss import IGNORE_INDEX
 from handformer.masks import causal_mask, to_torch_attn_mask, to_torch_key_padding_mask
 from handformer.models.seq2seq import EncoderDecoder, greedy_decode
 from handformer.tokenizers import CharTokenizer
-from tests.reference.torch_nn import to_torch_transformer
 
 SRC_V, TGT_V = 19, 13
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from handformer.config import ClassifierConfig, ModelConfig
+from handformer.interop.torch_nn import to_torch_transformer_encoder
 from handformer.loss import IGNORE_INDEX, classification_loss
 from handformer.masks import to_torch_key_padding_mask
 from handformer.models.encoder import (
@@ -15,7 +16,6 @@ from handformer.models.encoder import (
     EncoderClassifier,
     pool,
 )
-from tests.reference.torch_nn import to_torch_transformer_encoder
 
 POSITIONALS = ["learned", "sinusoidal", "rope", "alibi"]
 PATHS = ["manual", "sdpa"]

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from handformer.interop.torch_nn import to_torch_multihead_attention
 from handformer.masks import causal_mask, combine_masks, to_torch_key_padding_mask
 from handformer.nn.attention import MultiHeadAttention, attention, scaled_dot_product_attention
-from tests.reference.torch_nn import to_torch_multihead_attention
 
 B, H, T, S, D = 3, 4, 7, 9, 8
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from handformer.interop.torch_nn import to_torch_encoder_layer
 from handformer.masks import causal_mask, combine_masks, to_torch_key_padding_mask
 from handformer.nn.block import TransformerBlock
-from tests.reference.torch_nn import to_torch_encoder_layer
 
 
 def _randomise(block: TransformerBlock) -> None:

@@ -1,2 +1,3 @@
-"""Test machinery that must not live in ``src/``: parity helpers that copy weights into
-other implementations, data helpers only tests use, and the crash launcher."""
+"""Test machinery that must not live in ``src/``: helpers only tests need, such as the crash
+launcher. (The conversions to torch's own ``nn`` modules are public:
+``handformer.interop.torch_nn``.)"""

@@ -9,7 +9,10 @@
 
 A failure prints exactly one line on stderr, ``handformer COMMAND: error: MESSAGE`` (warning
 lines may precede it), never a traceback: multi-line messages (torch appends C++ stack
-frames to some) are cut to their meaningful lines and joined. An interrupt prints
+frames to some) are cut to their meaningful lines and joined. A usage error (exit 2) ends
+with a pointer to the command's help instead of argparse's usage block:
+``handformer train: error: argument --lr: invalid float value: 'x' (see handformer train
+--help)`` (``UsageParser``, the class of every handformer parser). An interrupt prints
 ``handformer COMMAND: interrupted``, followed on the same line by what the command knows
 about where it stopped (``Interrupted.detail``; ``handformer train`` names the checkpoint to
 resume from). Set ``HANDFORMER_TRACEBACK=1`` to let unexpected errors (bugs) raise as usual.
@@ -21,6 +24,7 @@ clean-up run as they do for Ctrl-C, instead of the process vanishing mid-step.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -30,6 +34,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
+from typing import NoReturn
 
 from handformer.cli.common import UsageError
 
@@ -39,6 +44,7 @@ __all__ = [
     "EXPECTED",
     "Interrupted",
     "Terminated",
+    "UsageParser",
     "exit_code",
     "message_of",
     "one_line",
@@ -47,6 +53,7 @@ __all__ = [
     "signal_of",
     "sigterm_raises",
     "silence_stdout",
+    "usage_line",
 ]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -75,6 +82,20 @@ class Interrupted(BaseException):
     @classmethod
     def from_exception(cls, err: BaseException, detail: str = "") -> Interrupted:
         return cls(signal_of(err), detail)
+
+
+def usage_line(prog: str, message: str) -> str:
+    """The one line of a usage error: what is wrong and where the command's help is."""
+    return f"{prog}: error: {one_line(message)} (see {prog} --help)"
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line with a pointer to ``--help`` (exit 2),
+    not argparse's usage block followed by the error. Sub-parsers inherit the class."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``usage_line`` for ``message`` on stderr and exit 2."""
+        self.exit(EXIT_USAGE, usage_line(self.prog, message) + "\n")
 
 
 def signal_of(err: BaseException) -> int:
@@ -148,6 +169,8 @@ def report(command: str, err: BaseException) -> int:
         detail = getattr(err, "detail", "")
         word = "terminated" if signal_of(err) == signal.SIGTERM else "interrupted"
         line = f"{prefix}: {word}" + (f"; {detail}" if detail else "")
+    elif exit_code(err) == EXIT_USAGE:
+        line = usage_line(prefix, message_of(err))
     else:
         line = f"{prefix}: error: {message_of(err)}"
     with contextlib.suppress(OSError, ValueError):

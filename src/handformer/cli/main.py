@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from handformer.cli.errors import EXPECTED, Interrupted, Terminated
+from handformer.cli.errors import EXPECTED, Interrupted, Terminated, UsageParser
 
 __all__ = ["build_parser", "main"]
 
@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from handformer.cli.examples import add_examples
 
-    parser = argparse.ArgumentParser(
+    parser = UsageParser(  # every sub-parser inherits its one-line usage errors
         prog="handformer", description="A Transformer written by hand: train, sample, inspect.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, generate, classify, seq2seq, doctor, explore, embed, convert,
@@ -75,10 +75,16 @@ def _main(argv: Sequence[str] | None = None) -> int:
     from handformer.train.distributed import launched_by_torchrun
 
     try:
-        args = build_parser().parse_args(argv)  # argparse's own errors: its message, exit 2
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)  # argparse's errors: one line, exit 2
     except KeyboardInterrupt as err:  # Ctrl-C while the commands' modules load
         return report("", err)
     handler, command = args.handler, _command_path(args)
+    if unknown:  # refused by the command they were given to, pointing at its own --help
+        from handformer.cli.examples import iter_commands
+
+        owner = dict(iter_commands(parser)).get(command, parser)
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command != "train" and launched_by_torchrun():
         # N copies of a single-process command would race to write the same files.
         print(f"handformer {command}: error: only `handformer train` runs under torchrun "

@@ -4,7 +4,11 @@ A healthy model memorises a handful of sequences quickly, so the loss on that on
 fall by ``factor`` within ``steps`` optimizer steps at the user's learning rate (PASS). If it
 does not even fall by 10% the model is stuck, and the bug is somewhere between the loss and
 the weights, whatever the data (FAIL); in between it is learning, only slowly (WARN). A loss
-that turns NaN/Inf on integer-id data points at the learning rate, not at the input (FAIL).
+that blows up on integer-id data points at the learning rate, not at the input (FAIL). Blowing
+up means turning NaN/Inf *or* climbing past ``BLOW_UP`` times the first loss (or past
+``BLOW_UP`` itself when the first loss is under 1, so a near-zero start is no hair trigger).
+Whether a diverging run overflows, and at which step, depends on the CPU's kernels, so the
+check must not wait for the overflow to name the cause.
 
 "Stuck" needs a budget that can tell: a healthy model at a sensible learning rate may take
 tens of steps to lose its first 10% (a trained run's batch, a warm-up-free optimizer), so
@@ -34,9 +38,14 @@ STUCK_HINT = ("a model that cannot memorise one batch has a bug between the loss
               "parameters, and the learning rate must be neither tiny nor huge")
 STUCK = 0.9  # a loss that has not fallen by 10% within the budget is not learning
 MIN_STEPS_TO_JUDGE = 30  # half the default budget (60): fewer steps cannot call it stuck
-NONFINITE_HINT = ("lower the learning rate (try lr / 10), warm it up over the first steps and "
-                  "clip gradients (grad_clip = 1.0); the inputs are integer ids and the first "
-                  "loss was finite, so the optimisation, not the data, made it blow up")
+BLOW_UP = 10.0  # a loss ten times its first value is diverging, finite or not
+BLOW_UP_HINT = ("lower the learning rate (try lr / 10), warm it up over the first steps and "
+                "clip gradients (grad_clip = 1.0); the inputs are integer ids and the first "
+                "loss was finite, so the optimisation, not the data, made it blow up")
+
+
+def _blew_up(first: float, value: float) -> bool:
+    return value > BLOW_UP * max(first, 1.0)
 
 
 @guarded(SECTION, "overfit one batch", STUCK_HINT)
@@ -58,7 +67,7 @@ def check_overfit(subject: Subject, *, steps: int = 60, factor: float = 2.0,
             loss = subject.loss(subject.forward(batch.ids, mask), batch.targets)
             value = float(loss.detach())
             history.append(value)
-            if not math.isfinite(value):
+            if not math.isfinite(value) or _blew_up(history[0], value):
                 break
             if value <= history[0] / factor or step == steps:
                 break
@@ -72,10 +81,12 @@ def check_overfit(subject: Subject, *, steps: int = 60, factor: float = 2.0,
     if not math.isfinite(first):
         return CheckResult(SECTION, name, Status.FAIL, f"the first loss is {first} {where}",
                            "fix the loss section first", details)
-    if not math.isfinite(last):
+    if not math.isfinite(last) or _blew_up(first, last):
+        how = ("went non-finite" if not math.isfinite(last)
+               else f"rose to {last:.4g} from a first loss of {first:.4f}")
         return CheckResult(SECTION, name, Status.FAIL,
-                           f"the loss went non-finite at step {len(history) - 1}: {shown} "
-                           f"{where}", NONFINITE_HINT, details)
+                           f"the loss blew up at step {len(history) - 1} ({how}): {shown} "
+                           f"{where}", BLOW_UP_HINT, details)
     target = first / factor
     if last <= target:
         return CheckResult(SECTION, name, Status.PASS,

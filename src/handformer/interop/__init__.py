@@ -1,3 +1,3 @@
 """Bridges to other people's implementations: Hugging Face GPT-2 and BERT weights and model
-folders. (The helpers that copy weights into torch's own ``nn.*`` modules for parity tests
-live with the tests, in ``tests/reference/torch_nn.py``.)"""
+folders, and torch's own ``nn.MultiheadAttention`` / ``nn.TransformerEncoderLayer`` /
+``nn.Transformer`` (``handformer.interop.torch_nn``, weights copied both ways)."""
