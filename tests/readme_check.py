@@ -396,10 +396,11 @@ def _compare(kind: str, out: str, other: Step | None, number: str) -> list[str]:
             f"  this:  {mine[:300]!r}\n  there: {theirs[:300]!r}"]
 
 
-def execute(step: Step, cwd: Path, env: dict[str, str], earlier: dict[int, Step]) -> None:
+def execute(step: Step, cwd: Path, env: dict[str, str], earlier: dict[int, Step],
+            default_timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Run one command and check what its markers say about the result."""
     command, marks = step.command, step.command.markers
-    timeout = float(marks.get("timeout", DEFAULT_TIMEOUT_S))
+    timeout = float(marks.get("timeout", default_timeout))
     started = time.monotonic()
     problems: list[str] = []
     if "setup" in marks:
@@ -444,7 +445,8 @@ def execute(step: Step, cwd: Path, env: dict[str, str], earlier: dict[int, Step]
 
 
 def run_steps(steps: list[Step], cwd: Path, env: dict[str, str],
-              say: Callable[[str], None] = print) -> None:
+              say: Callable[[str], None] = print,
+              timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Run the plan in order, one line per command as it ends."""
     blocks: dict[tuple[str, int], dict[int, Step]] = {}
     for step in steps:
@@ -458,7 +460,7 @@ def run_steps(steps: list[Step], cwd: Path, env: dict[str, str],
             step.status = "skipped"
             say(f"SKIP  {command.where}  {command.shown[:100]}  ({step.skip})")
         else:
-            execute(step, cwd, env, earlier)
+            execute(step, cwd, env, earlier, timeout)
             say(f"{'PASS' if step.status == 'passed' else 'FAIL'}  {command.where}  "
                 f"{step.seconds:6.1f} s  {command.shown[:100]}")
             for problem in step.problems:
@@ -512,8 +514,12 @@ def system_fingerprint(env: dict[str, str]) -> str:
 
 def prepare(tmp: Path, say: Callable[[str], None]) -> tuple[Path, dict[str, str]]:
     """A fresh clone of HEAD and a venv beside it; the environment every command runs in."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout.strip()
+    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                           text=True)
+    if found.returncode != 0:
+        raise ReadmeError(f"{ROOT} is not a git checkout with a commit: the check runs on a "
+                          f"fresh clone of HEAD ({found.stderr.strip()})")
+    head = found.stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout
     if dirty.strip():
@@ -537,7 +543,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--list", action="store_true", help="print the plan and run nothing")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds a command without a 'timeout' marker may take "
+                        f"(default {DEFAULT_TIMEOUT_S:.0f})")
     args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        parser.error(f"--timeout must be > 0; got {args.timeout}")
     try:
         steps = plan(ROOT)
     except ReadmeError as e:
@@ -555,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         clone, env = prepare(tmp, print)
         sys.stdout.flush()
-        run_steps(steps, clone, env, lambda line: print(line, flush=True))
+        run_steps(steps, clone, env, lambda line: print(line, flush=True), args.timeout)
+    except ReadmeError as e:
+        print(f"readme check: {e}", file=sys.stderr)
+        return 1
     finally:
         if args.keep:
             print(f"kept {tmp}")

@@ -46,7 +46,8 @@ def test_the_quick_start_train_line_runs_literally() -> None:
     first = plan(ROOT)[0].command
     assert first.source == "README.md" and first.number == 1
     assert strip_comment(first.text) == "pip install -r requirements.txt && handformer train"
-    assert not first.markers, "the Quick start's first line runs exactly as printed"
+    # Checks of its result only: nothing that prepares, feeds or skips it.
+    assert set(first.markers) <= {"after", "expect", "stderr", "timeout"}, first.markers
 
 
 def test_a_quick_start_line_left_to_ci_says_so_and_ci_runs_the_check_after_pytest() -> None:
