@@ -142,6 +142,10 @@ print(2 * 3)
 <!-- readme-check: same 6: 1 -->
 <!-- readme-check: same-end 7: 1 -->
 <!-- readme-check: after 8: test -f never-written.txt -->
+<!-- readme-check: same 9: 6 -->
+<!-- readme-check: same 10: 3 -->
+<!-- readme-check: stderr 11: ^bye$ -->
+<!-- readme-check: expect 12: ^bye$ -->
 ```bash
 "{sys.executable}" -m http.server {port} --bind 127.0.0.1
 echo one
@@ -151,6 +155,10 @@ sleep 30
 echo two
 echo ""
 true
+echo two
+echo x
+echo bye >&2
+echo hi
 ```
 """
 
@@ -173,22 +181,28 @@ def test_the_runner_checks_what_the_markers_say(tmp_path: Path) -> None:
         (11, "passed"), (12, "passed"), (13, "passed"), (14, "passed"), (15, "passed"),
         (16, "passed"), (17, "passed"), (18, "skipped"),
         (23, "passed"),
-        (32, "passed"),  # the server answered, then stopped at Ctrl-C with exit 0
-        (33, "passed"), (34, "failed"), (35, "failed"),
-        (36, "failed"),  # the timeout
-        (37, "failed"),  # other text than command 1
-        (38, "failed"),  # empty: not a continuation
-        (39, "failed"),  # the check after it
+        (36, "passed"),  # the server answered, then stopped at Ctrl-C with exit 0
+        (37, "passed"), (38, "failed"), (39, "failed"),
+        (40, "failed"),  # the timeout
+        (41, "failed"),  # other text than command 1
+        (42, "failed"),  # empty: not a continuation
+        (43, "failed"),  # the check after it
+        (44, "passed"),  # command 6 ran to its end: only its own comparison failed
+        (45, "failed"),  # command 3 did not
+        (46, "passed"), (47, "failed"),  # stderr matches; stdout does not
         (2, "covered"),
     ], "\n".join(said)
     assert steps[2].stdout == "a\nb"
     problems = {s.command.line: " ".join(s.problems) for s in steps}
-    assert "exit 1, expected 0" in problems[34]
-    assert "still running after 0.5 s" in problems[36]
-    assert "the same text as command 1" in problems[37]
-    assert "the end of what was printed by command 1" in problems[38]
-    assert "test -f never-written.txt" in problems[39]
+    assert "exit 1, expected 0" in problems[38]
+    assert "still running after 0.5 s" in problems[40]
+    assert "the same text as command 1" in problems[41]
+    assert "the end of what was printed by command 1" in problems[42]
+    assert "test -f never-written.txt" in problems[43]
+    assert "stdout does not match '^bye$'" in problems[47]
+    assert "command 3 of the block, whose output this one must repeat, did not run" in \
+        problems[45]
     lines = summary(steps)
-    assert lines[-1] == "10 passed, 6 failed, 1 skipped"
+    assert lines[-1] == "12 passed, 8 failed, 1 skipped"
     assert "why: needs a GPU" in "\n".join(lines)
     assert "README.zh.md:2 = README.md:11" in "\n".join(lines)
