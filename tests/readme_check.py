@@ -28,7 +28,7 @@ applies to every command of the block.
     expect    a regular expression stdout must match (re.search, multiline)
     stderr    a regular expression stderr must match
     exit      the exit status the command must end with (default 0), for a refusal shown
-    timeout   seconds before the command is stopped and failed (default 600)
+    timeout   seconds before the command is stopped and failed (default 600, or --timeout)
     stdin     text fed to the command's stdin (``\\n`` for a newline; default: nothing)
     setup     a shell command run first, for a file the README assumes the user has
     after     a shell command run after it, which must succeed: a check of what it wrote
@@ -129,13 +129,15 @@ class Block:
 
 def strip_comment(line: str) -> str:
     """``line`` without a trailing shell comment: a ``#`` that starts a word outside quotes."""
-    quote = ""
+    quote, escaped = "", False
     for i, ch in enumerate(line):
-        if quote:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'":
+            escaped = True
+        elif quote:
             if ch == quote:
                 quote = ""
-            elif ch == "\\" and quote == '"':
-                continue
         elif ch in "'\"":
             quote = ch
         elif ch == "#" and (i == 0 or line[i - 1].isspace()):
@@ -336,7 +338,8 @@ def _kill_group(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
 
 def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float,
          stdin: str = "") -> tuple[int | None, str, str]:
-    """Run in its own process group; on timeout the whole group is killed (rc None)."""
+    """Run in its own process group; on timeout the whole group is killed (rc None), and so
+    it is if the check itself is stopped (Ctrl-C, SIGTERM)."""
     proc = subprocess.Popen(args, cwd=cwd, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -346,6 +349,10 @@ def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: float,
         _kill_group(proc)
         out, err = proc.communicate()
         return None, out, err
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
     return proc.returncode, out, err
 
 
@@ -358,23 +365,28 @@ def _serve(args: list[str], url: str, cwd: Path, env: dict[str, str],
                             start_new_session=True)
     problem: str | None = f"{url} did not answer within {min(timeout, SERVE_WAIT_S):.0f} s"
     deadline = time.monotonic() + min(timeout, SERVE_WAIT_S)
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:  # a local server
-                if response.status == 200:
-                    problem = None
-                    break
-        except (urllib.error.URLError, OSError):
-            time.sleep(0.5)
-    if proc.poll() is not None and problem is not None:
-        problem = f"the server ended (exit {proc.returncode}) before {url} answered"
-    _kill_group(proc, signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(url, timeout=5) as response:  # a local server
+                    if response.status == 200:
+                        problem = None
+                        break
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.5)
+        if proc.poll() is not None and problem is not None:
+            problem = f"the server ended (exit {proc.returncode}) before {url} answered"
+        _kill_group(proc, signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate()
+            return None, out, err, (problem or "Ctrl-C did not stop it within 30 s")
+    except BaseException:
         _kill_group(proc)
-        out, err = proc.communicate()
-        return None, out, err, (problem or "Ctrl-C did not stop it within 30 s")
+        proc.wait()
+        raise
     return proc.returncode, out, err, problem
 
 
@@ -562,6 +574,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"same as {step.covered_by.command.where}" if step.covered_by else "run")
             print(f"{step.command.where}  {step.command.shown[:90]}  [{what}]")
         return 0
+    # SIGTERM (a CI runner giving up) unwinds like Ctrl-C: the running command's process
+    # group is killed and the temporary folder removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
     before = system_fingerprint(dict(os.environ))
     tmp = Path(tempfile.mkdtemp(prefix="readme-check-"))

@@ -6,8 +6,10 @@ first. The runner itself is tested on small READMEs of its own."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from tests.readme_check import (
     READMES,
     ROOT,
     ReadmeError,
+    _run,
     parse_readme,
     plan,
     run_steps,
@@ -206,3 +209,32 @@ def test_the_runner_checks_what_the_markers_say(tmp_path: Path) -> None:
     assert lines[-1] == "12 passed, 8 failed, 1 skipped"
     assert "why: needs a GPU" in "\n".join(lines)
     assert "README.zh.md:2 = README.md:11" in "\n".join(lines)
+
+
+def test_a_stopped_check_leaves_no_command_running(tmp_path: Path) -> None:
+    """Ctrl-C (here an alarm raising in the middle of a command) kills the command's whole
+    process group, a child it started in the background included."""
+    pid_file = tmp_path / "pid"
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run(["bash", "-c", f"echo $$ > {pid_file}; sleep 60 & sleep 60"], tmp_path,
+                 dict(os.environ), timeout=30)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    group = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(group, signal.SIGKILL)
+    pytest.fail("the command's process group outlived the stopped check")
