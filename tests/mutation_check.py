@@ -19,7 +19,7 @@ before unscaling, a schedule one step ahead, Muon taking the embedding, ... — 
 thresholds (``tests/doctor/test_doctor_smallest.py``): each check loosened just enough that
 the smallest break it claims to catch would pass.
 
-    python tests/mutation_check.py            # all mutants (a few minutes on 2 cores)
+    python tests/mutation_check.py            # all mutants (about 20 minutes on 2 cores)
     python tests/mutation_check.py rope_q_only final_norm_dropped
     python tests/mutation_check.py --list
 
