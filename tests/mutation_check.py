@@ -60,9 +60,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "RoPE rotates the queries but not the keys: relative positions are lost",
     ),
     Mutant(
-        "final_norm_dropped", "models/decoder_lm.py",
-        "self.final_norm(x)",
-        "x",
+        "final_norm_dropped", "models/trunk.py",
+        "        return self.final_norm(x)  # (B, T, C)",
+        "        return x  # (B, T, C)",
         ("tests/models/test_decoder_lm.py",),
         "a pre-norm decoder without its final LayerNorm",
     ),
@@ -199,8 +199,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "rope_base_ignored", "nn/attention.py",
-        'RotaryEmbedding(self.head_dim, rope_base) if positional == "rope" else None',
-        'RotaryEmbedding(self.head_dim) if positional == "rope" else None',
+        "RotaryEmbedding(self.head_dim, rope_base, rope_scaling)",
+        "RotaryEmbedding(self.head_dim, scaling=rope_scaling)",
         ("tests/test_levers_model.py",),
         "rope_base never reaches the rotary embedding (every model rotates with base 10000)",
     ),
@@ -232,7 +232,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "layer_norm_eps is dropped for RMSNorm blocks",
     ),
     Mutant(
-        "softcap_without_division", "models/decoder_lm.py",
+        "softcap_without_division", "models/trunk.py",
         "cap * torch.tanh(logits / cap)  # (B, T, V)",
         "cap * torch.tanh(logits)  # (B, T, V)",
         ("tests/test_levers_model.py",),
@@ -391,6 +391,22 @@ MUTANTS: tuple[Mutant, ...] = (
         '    if frac["next"] >= 0.98:',
         ("tests/doctor/test_doctor_smallest.py",),
         "targets right at 98.3% of the positions pass the shift check",
+    ),
+    Mutant(
+        "llama_rope_rows_not_permuted", "interop/llama.py",
+        'q = _half_to_pairs(hf[p + "self_attn.q_proj.weight"], h, d)  # (H·D, C)',
+        'q = hf[p + "self_attn.q_proj.weight"]  # (H·D, C)',
+        ("tests/interop/test_interop_llama.py::test_logits_match_transformers[Qwen3-0.6B]",),
+        "Hugging Face's rotate-half query rows read as neighbour pairs: RoPE pairs the wrong "
+        "channels",
+    ),
+    Mutant(
+        "llama3_rope_blend_reversed", "nn/positional.py",
+        "inv_freq = keep * inv_freq + (1 - keep) * inv_freq / s.factor",
+        "inv_freq = (1 - keep) * inv_freq + keep * inv_freq / s.factor",
+        ("tests/interop/test_interop_llama.py::"
+         "test_llama3_scaled_rope_rotates_as_transformers_does_far_out",),
+        "Llama 3's RoPE scaling interpolates the fast frequencies and keeps the slow ones",
     ),
 )
 

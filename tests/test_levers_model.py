@@ -44,7 +44,6 @@ def excess(a: Tensor, b: Tensor) -> float:
     allowed = TOL["atol"] + TOL["rtol"] * b.abs()
     return float(((a - b).abs() / allowed).max())
 KERNELS = ("manual", "sdpa", "tiled")
-QK_NORM_EPS = 1e-5  # the QK-norm's RMSNorm epsilon (it does not follow layer_norm_eps)
 
 # The ALiBi slopes of Press et al. (2022), head by head, as numbers: for 2^k heads the
 # geometric sequence 2^(-8/n), 2^(-16/n), …; for 6 heads the four of 4 heads, then every
@@ -176,8 +175,9 @@ def reference_logits(model: torch.nn.Module, ids: Tensor, padding_mask: Tensor |
         v = qkv[..., (h + hkv) * d:].reshape(b, t, hkv, d).transpose(1, 2)  # (B, Hkv, T, D)
 
         def qk_norm(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            return (rms_norm(q, p[f"{blk}.q_norm.weight"], QK_NORM_EPS),
-                    rms_norm(k, p[f"{blk}.k_norm.weight"], QK_NORM_EPS))
+            # QK-norm's epsilon is layer_norm_eps, as Qwen3's q_norm / k_norm use rms_norm_eps.
+            return (rms_norm(q, p[f"{blk}.q_norm.weight"], c.layer_norm_eps),
+                    rms_norm(k, p[f"{blk}.k_norm.weight"], c.layer_norm_eps))
 
         if c.qk_norm and not wrong.qk_norm_after_rope:
             q, k = qk_norm(q, k)

@@ -544,11 +544,17 @@ def _overfit_with(losses: list[float], factor: float = 2.0) -> Status:
 
 
 def test_overfit_check_bands() -> None:
-    """Stuck: not 10% down at the end of the budget (FAIL); between that and ÷factor: slow
-    (WARN); ÷factor reached: PASS."""
-    assert _overfit_with([4.0, 3.9, 3.7]) is Status.FAIL  # 7.5% down
-    assert _overfit_with([4.0, 3.8, 3.5]) is Status.WARN  # 12.5% down
+    """Stuck: not 10% down at the end of a budget that can judge (FAIL); between that and
+    ÷factor: slow (WARN); ÷factor reached: PASS. Below MIN_STEPS_TO_JUDGE steps a loss that
+    moved is only WARN (too few steps), one that never moved still FAILs."""
+    from handformer.doctor.checks_learning import MIN_STEPS_TO_JUDGE
+
+    flat = [4.0] * MIN_STEPS_TO_JUDGE  # with the last loss: a budget of MIN_STEPS_TO_JUDGE steps
+    assert _overfit_with([*flat, 3.7]) is Status.FAIL  # 7.5% down
+    assert _overfit_with([*flat, 3.5]) is Status.WARN  # 12.5% down
     assert _overfit_with([4.0, 3.0, 2.0]) is Status.PASS  # ÷2
+    assert _overfit_with([4.0, 3.9, 3.7]) is Status.WARN  # 7.5% down, but in 2 steps
+    assert _overfit_with([4.0, 4.0, 4.0]) is Status.FAIL  # never moved: stuck at any budget
     assert _overfit_with([4.0, math.nan]) is Status.FAIL
 
 
