@@ -838,6 +838,10 @@ CASES: list[Case] = [
                                                              "out"], 0, "",
       copy("lm"), write("out/handformer_tokenizer.json", '{"mine": true}'),
       claimed_for_hf_export("out"), part="E"),
+    C("convert-to-hf-overwrite-keeps-the-users-handformer-tokenizer",
+      ["convert", "--to", "hf", "lm", "out", "--overwrite"], 0, "", copy("lm"),
+      write("out/handformer_tokenizer.json", '{"mine": true}'), write("out/notes.txt", "mine"),
+      part="E"),
     # ---------------------------------------------------------------- non-finite state
     C("resume-optimizer-state-nan", RESUME, 1, "trainer_state.safetensors", copy("lm"),
       edit_tensors(f"{CKPT}/trainer_state.safetensors", _non_finite("optimizer.", math.nan)),

@@ -599,3 +599,16 @@ def test_cli_errors_are_one_line_messages(lm_dir: Path, tmp_path: Path,
     assert "--allow-remote" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         _parse(["explore", "--run", str(lm_dir), "--port", "70000"])
+
+
+def test_an_id_past_a_padded_vocabulary_is_shown_not_an_error() -> None:
+    """A published model pads its vocabulary past its tokenizer: such ids have embeddings
+    and can be sampled, and the page names them instead of answering 500."""
+    from handformer.explore.prompts import token_text
+    from handformer.tokenizers import BPETokenizer
+
+    tok = BPETokenizer.train("the quick brown fox " * 20, vocab_size=270)
+    char = CharTokenizer.from_text("abc")
+    assert token_text(tok, tok.vocab_size + 3) == f"<id {tok.vocab_size + 3}>"
+    assert token_text(char, char.vocab_size) == f"<id {char.vocab_size}>"
+    assert token_text(char, char.stoi["a"]) == "a"

@@ -379,3 +379,18 @@ def test_a_finished_run_is_refused_naming_its_steps_and_best_loss(tmp_path: Path
                                              r"loss 1\.2346\)"):
         check_destination(run, LM_FOLDER)
     check_destination(run, LM_FOLDER, overwrite=True)
+
+
+def test_an_older_outputs_file_is_removed_only_when_it_is_not_the_users(tmp_path: Path) -> None:
+    from handformer.runs.guard import remove_if_ours
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "old.json").write_text("mine")
+    claim(theirs, PICS, overwrite=True)  # the marker records old.json as there before
+    remove_if_ours(theirs, "old.json")
+    assert (theirs / "old.json").read_text() == "mine"
+    with writing_folder(tmp_path / "ours", PICS) as ours:
+        (ours / "old.json").write_text("an older version wrote this")
+    remove_if_ours(tmp_path / "ours", "old.json")
+    assert not (tmp_path / "ours" / "old.json").exists()

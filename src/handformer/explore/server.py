@@ -123,7 +123,6 @@ class ExploreServer(ThreadingHTTPServer):
     """One run's explorer behind HTTP. ``port=0`` picks a free port (see ``url``)."""
 
     daemon_threads = False  # joined when the server closes: see the module docstring
-    block_on_close = True
     allow_reuse_address = True
     request_queue_size = REQUEST_QUEUE
 
@@ -140,6 +139,7 @@ class ExploreServer(ThreadingHTTPServer):
         self.idle_timeout = idle_timeout
         self.verbose = verbose
         self._open: set[socket.socket] = set()  # connections a handler thread is serving
+        self._handlers: list[threading.Thread] = []  # started handler threads, to join
         self._open_lock = threading.Lock()
         if ":" in host.strip("[]"):
             self.address_family = socket.AF_INET6
@@ -167,10 +167,18 @@ class ExploreServer(ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Hand the connection to a thread of its own, which alone closes it: from here on
-        the serving loop does not (see ``shutdown_request``)."""
+        the serving loop does not (see ``shutdown_request``). The thread is recorded for
+        ``server_close`` to join only once it has started (Ctrl-C may land inside
+        ``start``; a thread that never started cannot be joined, and a started one is not a
+        daemon: the interpreter joins it at exit in any case)."""
         with self._open_lock:
             self._open.add(request)
-        super().process_request(request, client_address)
+        thread = threading.Thread(target=self.process_request_thread,
+                                  args=(request, client_address), daemon=False)
+        thread.start()
+        with self._open_lock:
+            self._handlers = [t for t in self._handlers if t.is_alive()]
+            self._handlers.append(thread)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -201,6 +209,10 @@ class ExploreServer(ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 request.shutdown(socket.SHUT_RD)  # a blocked read returns: the handler ends
         super().server_close()
+        with self._open_lock:
+            handlers, self._handlers = self._handlers, []
+        for thread in handlers:
+            thread.join()
         with self._open_lock:
             left, self._open = list(self._open), set()
         for request in left:

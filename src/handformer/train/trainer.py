@@ -457,6 +457,7 @@ class Trainer:
         state = self.state_dict()  # gathers under FSDP: every rank takes part
         model = self.parallel.full_model()
         self.dist.barrier()  # every rank is here before rank 0 writes and renames
+        refused = None
         if self.dist.is_main:
             try:
                 result.last_checkpoint = self.checkpoints.save(
@@ -466,8 +467,11 @@ class Trainer:
                 latest = self.checkpoints.latest()
                 where = f"the last good checkpoint is {latest.path}" if latest else \
                     "no checkpoint was committed"
-                raise NonFiniteError(f"stopped at step {self.step}: {err}; {where}. Try a "
-                                     "lower --lr, --precision fp32, or check the data.") from None
+                refused = (f"stopped at step {self.step}: {err}; {where}. Try a lower --lr, "
+                           "--precision fp32, or check the data.")
+        refused = self.dist.broadcast_object(refused)  # every rank stops, none waits alone
+        if refused is not None:
+            raise NonFiniteError(refused)
         self.dist.barrier()  # nobody runs ahead of (or exits before) the commit
 
     def _nonfinite_message(self, outcome: _StepOutcome) -> str:
