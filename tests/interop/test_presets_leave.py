@@ -1,5 +1,7 @@
-"""Every language-model preset leaves: its model converts to a Hugging Face family that
-transformers loads with its own class (the same logits), and to ONNX."""
+"""Every language-model preset leaves as ONNX, and as a Hugging Face family that transformers
+loads with its own class (the same logits) — except the three whose block (LayerNorm, GELU,
+RoPE, QK-norm) no family has, which are refused naming the closest family; ``train --family``
+gives them a twin (README, Take it elsewhere)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ transformers = pytest.importorskip(
     "(pip install -r requirements-dev.txt)")
 
 TEXT = "The quick brown fox jumps over the lazy dog.\n"
+NO_TWIN = {"default", "shakespeare-fast", "speedrun"}  # measured: see README, Take it elsewhere
 
 
 def _run(preset: str, folder: Path) -> DecoderLM:
@@ -30,7 +33,7 @@ def _run(preset: str, folder: Path) -> DecoderLM:
     return model
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+@pytest.mark.parametrize("preset", sorted(set(PRESETS) - NO_TWIN))
 def test_every_preset_converts_to_a_hugging_face_family(preset: str, tmp_path: Path) -> None:
     model = _run(preset, tmp_path / "run")
     out, family = export_hf_folder(tmp_path / "run", tmp_path / "hf")
@@ -54,3 +57,20 @@ def test_every_preset_exports_to_onnx(preset: str, tmp_path: Path) -> None:
     (logits,) = session.run(["logits"], {"input_ids": ids.numpy()})
     with torch.no_grad():
         assert abs(logits - model(ids).numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("preset", sorted(NO_TWIN))
+def test_a_preset_without_a_twin_is_refused_and_its_family_version_leaves(
+        preset: str, tmp_path: Path) -> None:
+    from handformer.interop.errors import ConversionError
+    from handformer.interop.families import FAMILY_ARCHITECTURE
+
+    _run(preset, tmp_path / "run")
+    with pytest.raises(ConversionError, match=r"maps onto no Hugging Face family .* closest is "):
+        export_hf_folder(tmp_path / "run", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    tok = CharTokenizer.from_text(TEXT)
+    twin = ModelConfig(vocab_size=tok.vocab_size,
+                       **{**PRESETS[preset].model, **FAMILY_ARCHITECTURE["qwen3"]})
+    save_run(tmp_path / "twin", DecoderLM(twin), tok)
+    assert export_hf_folder(tmp_path / "twin", tmp_path / "hf")[1] == "qwen3"
