@@ -210,9 +210,14 @@ class HFTokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     @property
+    def pad_token_id(self) -> int | None:
+        """The padding token's id (stated, or ``<pad>``/``[PAD]``), None when there is none."""
+        return self._find(self._PAD_NAMES, "pad")
+
+    @property
     def pad_id(self) -> int:
         """The padding token's id (``<pad>``/``[PAD]``), 0 when the vocabulary has none."""
-        found = self._find(self._PAD_NAMES, "pad")
+        found = self.pad_token_id
         return 0 if found is None else found
 
     @property

@@ -216,8 +216,7 @@ def export_hf_folder(run_dir: str | Path, out: str | Path, *,
                               f"quantized from ({run.config.get('quantized_from', 'its source')})")
     family = pick_family(model.config)
     hf_config, state = _hf_config_and_state(model, family)
-    has_pad = not isinstance(tokenizer, HFTokenizer) or (
-        "pad" in tokenizer.special_ids or tokenizer._find(tokenizer._PAD_NAMES, "pad") is not None)
+    has_pad = not isinstance(tokenizer, HFTokenizer) or tokenizer.pad_token_id is not None
     hf_config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id,
                      pad_token_id=tokenizer.pad_id if has_pad else None)  # none: not id 0
     with writing_folder(out, HF_FOLDER, overwrite=overwrite):

@@ -93,7 +93,7 @@ def _special_tokens(tok: Tokenizer) -> dict[str, str]:
     if isinstance(tok, CharTokenizer):
         return {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
     found = {"bos_token": tok.bos_id, "eos_token": tok.eos_id,
-             "pad_token": tok.special_ids.get("pad", tok._find(tok._PAD_NAMES, "pad"))}
+             "pad_token": tok.pad_token_id}
     return {role: tok.backend.id_to_token(idx) for role, idx in found.items()
             if idx is not None}
 
