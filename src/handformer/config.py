@@ -270,7 +270,8 @@ class TrainConfig(_DictMixin):
     the same on any number of processes; ``strategy`` (``ddp`` or ``fsdp``) says how they
     share the model.
     ``checkpoint_interval=0`` checkpoints at every evaluation; ``early_stopping_patience=0``
-    never stops early.
+    never stops early. ``target_val_loss`` (> 0) stops at the first evaluation at or under it —
+    what a speedrun measures: the time to a loss, not the time to a step count.
 
     The learning rate warms up linearly for ``warmup_steps`` (default 100), then follows
     ``schedule`` (cosine by default) down to ``min_lr``; gradients are clipped to
@@ -316,6 +317,7 @@ class TrainConfig(_DictMixin):
     checkpoint_interval: int = 0
     keep_last: int = 3
     early_stopping_patience: int = 0
+    target_val_loss: float = 0.0
     max_nonfinite_steps: int = 10
     loss_curve: bool = True
     tensorboard: bool = False
@@ -352,6 +354,9 @@ class TrainConfig(_DictMixin):
                              f"lr={self.lr}, min_lr={self.min_lr}")
         if self.weight_decay < 0:
             raise ValueError(f"TrainConfig.weight_decay must be >= 0; got {self.weight_decay}")
+        if not (math.isfinite(self.target_val_loss) and self.target_val_loss >= 0):
+            raise ValueError(f"TrainConfig.target_val_loss must be a finite number >= 0 "
+                             f"(0 = train every step); got {self.target_val_loss}")
         if self.grad_clip < 0:
             raise ValueError(f"TrainConfig.grad_clip must be >= 0 (0 = no clipping); got "
                              f"{self.grad_clip}")

@@ -92,3 +92,17 @@ def test_resume_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "empty").mkdir()
     assert main(["train", "--resume", str(tmp_path / "empty")]) == 1
     assert "no committed checkpoint" in capsys.readouterr().err
+
+
+def test_until_val_loss_stops_at_the_first_evaluation_under_it_and_says_so(
+        corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Any val loss is under 100: the run ends at its first evaluation (step 4 of 40), the
+    summary says it reached the target and the recipe keeps it."""
+    out = tmp_path / "target"
+    assert main(["train", "--data", str(corpus), "--out", str(out), *TINY, "--max-steps", "40",
+                 "--eval-interval", "4", "--until-val-loss", "100", "--no-plot"]) == 0, \
+        capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["reached_target"] is True
+    assert "reached the target at step 4" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["train"]["target_val_loss"] == 100.0

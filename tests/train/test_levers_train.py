@@ -493,6 +493,23 @@ def test_early_stopping_patience_counts_evaluations_without_improvement() -> Non
     assert result.stopped_early and result.steps == 6 and result.best_step == 2
 
 
+def test_target_val_loss_stops_at_the_first_evaluation_at_or_under_it() -> None:
+    """Evaluations at 2, 4, 6, … see 1.0, 0.9, 0.8, …: a target of 0.8 stops at step 6 (0.8
+    is "at"), marks the run finished, and keeps every later step untaken; 0 trains on."""
+    losses = iter([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1])
+    cfg = train_config(max_steps=20, eval_interval=2, target_val_loss=0.8)
+    trainer = make_trainer(cfg)
+    trainer.evaluate = lambda: {"val_loss": next(losses)}  # type: ignore[method-assign]
+    result = trainer.fit()
+    assert result.reached_target and not result.stopped_early
+    assert result.steps == 6 and trainer.finished and result.final_val_loss == 0.8
+    losses = iter([1.0] * 10)
+    trainer = make_trainer(train_config(max_steps=20, eval_interval=2))
+    trainer.evaluate = lambda: {"val_loss": next(losses)}  # type: ignore[method-assign]
+    result = trainer.fit()
+    assert result.steps == 20 and not result.reached_target
+
+
 def test_max_nonfinite_steps_is_the_number_of_skipped_steps_that_stops_the_run() -> None:
     cfg = train_config(max_steps=20, max_nonfinite_steps=3, eval_interval=100)
     trainer = make_trainer(cfg, loss_fn=lambda logits, targets: logits.sum() * math.nan)

@@ -4,6 +4,7 @@ and a config.json written before they existed still loads."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -38,6 +39,8 @@ def test_old_config_without_engine_fields_loads_with_defaults() -> None:
     ("precision", "fp8", "precision='fp8' is not one of ('fp32', 'bf16', 'fp16')"),
     ("compile", "yes", "compile must be true or false; got 'yes'"),
     ("grad_clip", -1.0, "grad_clip must be >= 0"),
+    ("target_val_loss", -1.0, "target_val_loss must be a finite number >= 0"),
+    ("target_val_loss", math.nan, "target_val_loss must be a finite number"),
     ("betas", (0.9, 1.5), "betas must be two numbers in [0, 1)"),
 ])
 def test_bad_values_name_the_field_and_the_value(field: str, value: object,

@@ -90,6 +90,9 @@ def register(sub: Any) -> None:
                        help="checkpoints to keep besides the best (default 3)")
     train.add_argument("--patience", type=positive_int, default=None,
                        help="stop after this many evaluations without a better val loss")
+    train.add_argument("--until-val-loss", type=POSITIVE, default=None, metavar="LOSS",
+                       help="stop at the first evaluation whose val loss is <= LOSS (the "
+                       "time to a loss, as a speedrun measures it)")
     train.add_argument("--max-nonfinite", type=positive_int, default=None,
                        help="stop after this many steps with a NaN/Inf loss or gradient")
     train.add_argument("--tensorboard", action="store_true", default=None,
@@ -112,6 +115,7 @@ def _train_overrides(args: argparse.Namespace) -> dict[str, object]:
         "log_interval": args.log_interval, "eval_interval": args.eval_interval,
         "checkpoint_interval": args.checkpoint_interval, "keep_last": args.keep_last,
         "early_stopping_patience": args.patience, "max_nonfinite_steps": args.max_nonfinite,
+        "target_val_loss": args.until_val_loss,
         "tensorboard": args.tensorboard, "loss_curve": False if args.no_plot else None,
         "strategy": args.strategy, "optimizer": args.optimizer,
     }

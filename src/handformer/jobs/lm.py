@@ -246,6 +246,7 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
         "steps": result.steps,
         "resumed_from_step": resume_step,
         "stopped_early": result.stopped_early,
+        "reached_target": result.reached_target,
         "nonfinite_steps": result.nonfinite_steps,
         "precision": train_cfg.precision,
         "compile": train_cfg.compile,

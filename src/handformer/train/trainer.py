@@ -124,6 +124,7 @@ class TrainResult:
     best_val_loss: float | None = None
     best_step: int | None = None
     stopped_early: bool = False
+    reached_target: bool = False  # stopped at the first evaluation <= cfg.target_val_loss
     last_checkpoint: Path | None = None
 
     @property
@@ -499,14 +500,14 @@ class Trainer:
                    disable=not (self.progress and self.dist.is_main),
                    dynamic_ncols=True, desc="train", mininterval=1.0)
         tokens_since, time_since, steps_since = 0, time.perf_counter(), 0
-        stop_early = False
+        stop_early = reached_target = False
 
         def say(text: str) -> None:
             if self.dist.is_main:
                 bar.write(text)
 
         try:
-            while self.step < end and not stop_early:
+            while self.step < end and not (stop_early or reached_target):
                 t0 = time.perf_counter()
                 out = self._train_step()
                 self.step += 1
@@ -551,12 +552,17 @@ class Trainer:
                                   f"val loss {metrics['val_loss']:.4f}")
                         self._emit("on_eval", step, metrics)
                         patience = cfg.early_stopping_patience
-                        if patience and self.evals_since_best >= patience:
+                        target = cfg.target_val_loss
+                        if target and metrics["val_loss"] <= target:
+                            reached_target = True
+                            say(f"reached the target at step {step}: val loss "
+                                f"{metrics['val_loss']:.4f} <= {target}")
+                        elif patience and self.evals_since_best >= patience:
                             stop_early = True
                             say(f"early stopping at step {step}: no better validation "
                                       f"loss in {patience} evaluations (best "
                                       f"{self.best_val_loss:.4f} at step {self.best_step})")
-                self.finished = final or stop_early
+                self.finished = final or stop_early or reached_target
                 # A regular checkpoint after a skipped step could rotate out the last one
                 # before a divergence; a new best is always kept (its weights are healthy).
                 due = (step % ckpt_every == 0 and out.status != "skipped") or improved
@@ -570,7 +576,7 @@ class Trainer:
         result.seconds = time.perf_counter() - start
         result.nonfinite_steps, result.overflow_steps = self.nonfinite_steps, self.overflow_steps
         result.best_val_loss, result.best_step = self.best_val_loss, self.best_step
-        result.stopped_early = stop_early
+        result.stopped_early, result.reached_target = stop_early, reached_target
         self.model.eval()
         self._emit("on_end", result)
         return result
