@@ -25,7 +25,7 @@ __all__ = ["CLASSIFY_PRESET", "MODEL_LIMITS", "MUON_LR_ADJUST", "OPTIMIZERS", "P
            "ClassifierConfig", "ModelConfig", "Preset", "Seq2SeqConfig", "TrainConfig",
            "get_preset"]
 
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "auto")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "muon")  # muon: hidden matrices only, AdamW the rest
 MUON_LR_ADJUST: tuple[str, ...] = ("original", "match_rms_adamw")  # torch's adjust_lr_fn
 SCHEDULES: tuple[str, ...] = ("cosine", "linear", "constant", "wsd")
@@ -275,9 +275,10 @@ class TrainConfig(_DictMixin):
 
     The learning rate warms up linearly for ``warmup_steps`` (default 100), then follows
     ``schedule`` (cosine by default) down to ``min_lr``; gradients are clipped to
-    ``grad_clip`` (default 1.0, 0 = off); ``precision`` is fp32 (default), bf16 or fp16
-    (CUDA only). ``schedule="wsd"`` (warm-up–stable–decay) holds ``lr`` after the warm-up
-    and decays linearly to ``min_lr`` over the last ``decay_fraction`` of the steps.
+    ``grad_clip`` (default 1.0, 0 = off); ``precision`` is fp32 (default), bf16, fp16
+    (CUDA only) or auto (bf16 where the hardware multiplies it natively, else fp32).
+    ``schedule="wsd"`` (warm-up–stable–decay) holds ``lr`` after the warm-up and decays
+    linearly to ``min_lr`` over the last ``decay_fraction`` of the steps.
 
     ``optimizer="muon"`` trains the hidden 2-D weight matrices (those inside the blocks) with
     ``torch.optim.Muon`` at ``muon_lr`` (momentum ``muon_momentum``, ``adjust_lr_fn`` =

@@ -36,7 +36,7 @@ def test_old_config_without_engine_fields_loads_with_defaults() -> None:
     ("max_nonfinite_steps", -1, "max_nonfinite_steps must be a positive int; got -1"),
     ("checkpoint_interval", -5, "checkpoint_interval must be an int >= 0; got -5"),
     ("early_stopping_patience", 1.5, "early_stopping_patience must be an int >= 0; got 1.5"),
-    ("precision", "fp8", "precision='fp8' is not one of ('fp32', 'bf16', 'fp16')"),
+    ("precision", "fp8", "precision='fp8' is not one of ('fp32', 'bf16', 'fp16', 'auto')"),
     ("compile", "yes", "compile must be true or false; got 'yes'"),
     ("grad_clip", -1.0, "grad_clip must be >= 0"),
     ("target_val_loss", -1.0, "target_val_loss must be a finite number >= 0"),

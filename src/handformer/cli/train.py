@@ -70,7 +70,8 @@ def register(sub: Any) -> None:
                        help="auto (default), cpu, cuda, mps")
     train.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="fp32 (default); bf16 autocast (cpu, cuda); fp16 + GradScaler "
-                       "(cuda)")
+                       "(cuda); auto: bf16 where the CPU/GPU multiplies it natively, else fp32 "
+                       "(summary.json says which and why)")
     train.add_argument("--strategy", choices=STRATEGIES, default=None,
                        help="under torchrun: ddp (default; every rank holds the whole model) "
                        "or fsdp (weights, gradients and optimizer state sharded over ranks)")

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from handformer.config import TrainConfig
+from handformer.config import PRECISIONS, TrainConfig
 from handformer.data import Batch
 from handformer.loss import lm_loss
 from handformer.train.checkpoint import (
@@ -280,6 +280,12 @@ class Trainer:
         else:
             restore_optimizer(self.optimizer, saved_opt)
         restore_rng(self.generator, TrainerState(state.tensors, rng_meta))
+        saved = meta.get("precision")
+        if self.cfg.precision == "auto" and saved in PRECISIONS and saved != self.precision.name:
+            # 'auto' chose otherwise when this run started (another machine): continue in the
+            # precision it was trained in, so the resumed steps are the ones it would have taken.
+            self.precision = resolve_precision(saved, self.device)
+            self.precision.why = f"auto: resumed in the run's {saved}"
         scaler = self.precision.scaler
         if scaler is not None and scaler_state:
             scaler.load_state_dict(scaler_state)
