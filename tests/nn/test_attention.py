@@ -77,6 +77,27 @@ def test_fully_masked_rows_give_zeros_not_nan(kind: str) -> None:
     torch.testing.assert_close(out[0], F.scaled_dot_product_attention(q, k, v)[0])
 
 
+def test_auto_runs_the_manual_kernel_for_bf16_on_cpu_and_sdpa_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto`` is no kernel of its own: it hands fp32 to SDPA and CPU bf16 to the manual
+    kernel (and gives what they give)."""
+    import handformer.nn.attention as attn
+
+    ran: list[str] = []
+    manual, fused = attn._manual_attention, attn._fused_attention
+    monkeypatch.setattr(attn, "_manual_attention",
+                        lambda *a, **k: (ran.append("manual"), manual(*a, **k))[1])
+    monkeypatch.setattr(attn, "_fused_attention",
+                        lambda *a, **k: (ran.append("sdpa"), fused(*a, **k))[1])
+    q, k, v = _qkv()
+    out, _ = attention(q, k, v, kind="auto", is_causal=True)
+    torch.testing.assert_close(out, attention(q, k, v, kind="sdpa", is_causal=True)[0])
+    qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    outb, _ = attention(qb, kb, vb, kind="auto", is_causal=True)
+    assert torch.equal(outb, attention(qb, kb, vb, kind="manual", is_causal=True)[0])
+    assert ran == ["sdpa", "sdpa", "manual", "manual"]
+
+
 def test_bad_masks_and_shapes_raise_clear_errors() -> None:
     q, k, v = _qkv()
     with pytest.raises(ValueError, match=r"mask shape \(2, 7\) does not broadcast"):

@@ -9,7 +9,8 @@ Three kernels behind one interface:
 * ``tiled`` — hand-written memory-efficient attention (``handformer.nn.tiled_attention``):
   keys visited tile by tile with an online softmax, memory linear in T.
 
-Tests hold all three equal.
+Tests hold all three equal. ``auto`` picks ``manual`` or ``sdpa`` per call from the tensors'
+dtype and device (``_auto_kernel``: the faster of the two for what is running).
 
 Shape legend: ``B`` batch, ``T`` query length, ``S`` key length, ``H`` query heads,
 ``Hkv`` key/value heads (``H`` for multi-head, 1 for multi-query, in between for grouped-query
@@ -36,8 +37,8 @@ from handformer.nn.norm import RMSNorm
 from handformer.nn.positional import RopeScaling, RotaryEmbedding, alibi_bias, alibi_slopes
 from handformer.nn.tiled_attention import tiled_attention
 
-AttentionKind = Literal["manual", "sdpa", "tiled"]
-ATTENTION_KINDS: tuple[str, ...] = ("manual", "sdpa", "tiled")
+AttentionKind = Literal["manual", "sdpa", "tiled", "auto"]
+ATTENTION_KINDS: tuple[str, ...] = ("manual", "sdpa", "tiled", "auto")
 # Position information applied inside attention (the rest is added to the embeddings).
 ATTENTION_POSITIONAL: tuple[str, ...] = ("none", "rope", "alibi")
 
@@ -219,6 +220,15 @@ def attention(
     return _run_kernel(q, k, v, mask, kind, dropout_p, is_causal, need_weights, bias)
 
 
+def _auto_kernel(q: Tensor) -> str:
+    """``attention='auto'``: the manual kernel for bfloat16 on a CPU, SDPA otherwise. SDPA's
+    CPU flash kernel computes its bf16 backward block by block in a loop that small heads
+    cannot amortise, while the manual kernel's two matmuls go to the BLAS's bf16 path; in
+    fp32 (and on GPUs) the fused kernel is the faster one. Decided per call from the
+    tensors, so the same model picks right under ``--precision bf16`` and fp32 alike."""
+    return "manual" if q.dtype == torch.bfloat16 and q.device.type == "cpu" else "sdpa"
+
+
 def _run_kernel(
     q: Tensor,
     k: Tensor,
@@ -238,6 +248,8 @@ def _run_kernel(
         # One query at the end of the keys (a cached decoding step) may see every key: its
         # causal mask would be all True, so build none, whichever kernel runs.
         is_causal = False
+    if kind == "auto":
+        kind = _auto_kernel(q)
     if kind == "manual" or need_weights:
         out, weights = _manual_attention(q, k, v, mask, dropout_p, is_causal=is_causal,
                                          bias=bias)
