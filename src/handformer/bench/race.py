@@ -148,9 +148,21 @@ def _summarise(contenders: list[Contender], timings: list[Timing]) -> list[dict[
             "walls_to_target_s": [h[0] if h else None for h in hits],
         })
     peer = next((r for r, c in zip(rows, contenders, strict=True) if c.nanogpt), None)
-    base = peer["median_wall_to_target_s"] if peer else None
+    base = None
+    if peer is not None:
+        # nanoGPT's CPU recipe is published as reaching 1.88, and ends a hair above it
+        # (1.8857): where it never reaches the target, its wall to its own last evaluation
+        # is the reference — what a user of it waits for.
+        base = peer["median_wall_to_target_s"]
+        if base is None:
+            mine = [t for t in timings if t.name == peer["name"] and t.evals]
+            if mine:
+                base = statistics.median(t.evals[-1][0] for t in mine)
+                peer["median_wall_to_last_eval_s"] = base
     for row in rows:
         wall = row["median_wall_to_target_s"]
+        if row is peer and wall is None:
+            wall = base
         row["vs_nanogpt"] = wall / base if isinstance(wall, float) and base else None
     return rows
 
@@ -158,13 +170,24 @@ def _summarise(contenders: list[Contender], timings: list[Timing]) -> list[dict[
 def _print_table(rows: list[dict[str, object]], machine: str) -> None:
     print(f"\nwhole commands, medians · {machine}")
     print(f"{'contender':<22}{'data':<18}{'target':>7}{'reached':>9}{'to target':>11}"
-          f"{'step':>7}{'total':>9}{'× nanoGPT':>11}")
+          f"{'step':>7}{'val':>8}{'total':>9}{'× nanoGPT':>11}")
     for r in rows:
         wall, ratio = r["median_wall_to_target_s"], r["vs_nanogpt"]
+        if wall is None and "median_wall_to_last_eval_s" in r:
+            wall = r["median_wall_to_last_eval_s"]  # the peer, to its own final loss
         print(f"{r['name']:<22}{r['data']:<18}{r['target']:>7}{r['reached']:>5}/{r['runs']:<3}"
               f"{f'{wall:.1f} s' if wall is not None else '—':>11}"
-              f"{r['median_step_at_target'] or '—':>7}{r['median_total_wall_s']:>7.1f} s"
+              f"{r['median_step_at_target'] or '—':>7}{_val(r):>8}"
+              f"{r['median_total_wall_s']:>7.1f} s"
               f"{f'{ratio:.2f}×' if ratio is not None else '—':>11}")
+
+
+def _val(row: dict[str, object]) -> str:
+    """The loss at the target, or (never reached) the median final loss, marked '>'."""
+    if row["median_val_at_target"] is not None:
+        return f"{row['median_val_at_target']:.4f}"
+    finals = [v for v in row["final_val"] if v is not None]  # type: ignore[union-attr]
+    return f">{statistics.median(finals):.4f}" if finals else "—"
 
 
 def _default_contenders(args: argparse.Namespace, nanogpt_python: list[str]) -> list[Contender]:
