@@ -503,14 +503,15 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "default": Preset(
         description="character LM on the built-in text; 4 layers, d_model 128, window 64, "
-        "RoPE, QK-norm, Muon for the blocks' matrices, 800 steps; about a minute on 2 CPU "
-        "cores (val ≈ 1.25 nats/char)",
+        "Qwen3's block (RMSNorm, SwiGLU, RoPE, QK-norm, no biases: `convert --to hf` writes a "
+        "Qwen3ForCausalLM folder), Muon for the blocks' matrices, 800 steps, bf16 where the "
+        "CPU multiplies it natively; under a minute on 2 CPU cores (val ≈ 1.25 nats/char)",
         model=dict(d_model=128, n_heads=4, n_layers=4, max_len=64, dropout=0.0,
-                   positional="rope", norm="pre", attention="sdpa", activation="gelu",
-                   qk_norm=True),
+                   positional="rope", norm="pre", norm_type="rmsnorm", attention="auto",
+                   activation="swiglu", bias=False, qk_norm=True),
         train=dict(batch_size=12, block_size=64, max_steps=800, lr=3e-3, min_lr=1e-4,
                    warmup_steps=100, eval_interval=200, eval_batches=20, optimizer="muon",
-                   muon_lr=0.02),
+                   muon_lr=0.01, precision="auto"),
     ),
     "default-adamw": Preset(
         description="the first default recipe (AdamW, learned positions, 4000 steps; about 3 "
@@ -530,23 +531,24 @@ PRESETS: dict[str, Preset] = {
     ),
     "shakespeare-fast": Preset(
         description="reaches shakespeare-char's validation loss in a fraction of its time: "
-        "2 wider layers (d_model 160), RoPE, bf16 autocast, lr 3e-3, batch 16, 900 steps "
-        "(see benchmarks/time_to_loss.py)",
+        "2 wider layers (d_model 160) with Llama's block (RMSNorm, SwiGLU, RoPE, no biases), "
+        "lr 3e-3, batch 16, 900 steps, bf16 where the CPU multiplies it natively (see "
+        "benchmarks/time_to_loss.py)",
         model=dict(d_model=160, n_heads=5, n_layers=2, max_len=64, dropout=0.0,
-                   positional="rope", norm="pre", attention="sdpa", activation="gelu",
-                   tie_weights=True, bias=False),
+                   positional="rope", norm="pre", norm_type="rmsnorm", attention="auto",
+                   activation="swiglu", tie_weights=True, bias=False),
         train=dict(batch_size=16, block_size=64, max_steps=900, lr=3e-3, min_lr=1e-4,
-                   warmup_steps=50, eval_interval=100, eval_batches=200, precision="bf16"),
+                   warmup_steps=50, eval_interval=100, eval_batches=200, precision="auto"),
     ),
     "medium": Preset(
         description="6 layers, d_model 384, window 64 on the built-in text: a model whose "
         "per-token cost is dominated by reading its weights, the target that speculative "
-        "decoding is measured on; bf16 autocast, 3000 steps (0.22 s a step on one free CPU thread: "
-        "about 12 minutes; val ≈ 1.23 nats/char)",
+        "decoding is measured on; bf16 where the CPU multiplies it natively, 3000 steps (about "
+        "12 minutes on one CPU thread with native bf16; val ≈ 1.23 nats/char)",
         model=dict(d_model=384, n_heads=6, n_layers=6, max_len=64, dropout=0.0,
                    positional="learned", norm="pre", attention="sdpa", activation="gelu"),
         train=dict(batch_size=12, block_size=64, max_steps=3000, lr=1e-3, min_lr=1e-4,
-                   warmup_steps=100, eval_interval=250, eval_batches=20, precision="bf16"),
+                   warmup_steps=100, eval_interval=250, eval_batches=20, precision="auto"),
     ),
     "draft": Preset(
         description="a 2-layer, d_model 128 draft for speculative decoding (`handformer "
@@ -555,18 +557,21 @@ PRESETS: dict[str, Preset] = {
         model=dict(d_model=128, n_heads=4, n_layers=2, max_len=64, dropout=0.0,
                    positional="learned", norm="pre", attention="sdpa", activation="gelu"),
         train=dict(batch_size=12, block_size=64, max_steps=3000, lr=2e-3, min_lr=1e-4,
-                   warmup_steps=100, eval_interval=250, eval_batches=20, precision="bf16"),
+                   warmup_steps=100, eval_interval=250, eval_batches=20, precision="auto"),
     ),
     "speedrun": Preset(
-        description="shakespeare-fast plus the levers that won the speedrun log: Muon "
-        "(momentum 0.9) for the blocks' matrices, QK-norm, a 25-step warm-up, cosine over 300 "
-        "steps, the manual attention kernel (see README, Measured on tinyshakespeare)",
+        description="the levers that won the speedrun log on shakespeare-fast's 2 wider layers, "
+        "with Qwen3's block (RMSNorm, SwiGLU, RoPE, QK-norm, no biases): Muon (momentum 0.9) "
+        "for the blocks' matrices, a 25-step warm-up, cosine over 300 steps, bf16 where the CPU "
+        "multiplies it natively, a cheap evaluation every 25 steps (15 × 1,024 held-out tokens, "
+        "as many as nanoGPT's CPU recipe) — race it with --until-val-loss (see README, Measured "
+        "on tinyshakespeare)",
         model=dict(d_model=160, n_heads=5, n_layers=2, max_len=64, dropout=0.0,
-                   positional="rope", norm="pre", attention="manual", activation="gelu",
-                   tie_weights=True, bias=False, qk_norm=True),
+                   positional="rope", norm="pre", norm_type="rmsnorm", attention="auto",
+                   activation="swiglu", tie_weights=True, bias=False, qk_norm=True),
         train=dict(batch_size=16, block_size=64, max_steps=300, lr=3e-3, min_lr=1e-4,
-                   warmup_steps=25, eval_interval=50, eval_batches=200, precision="bf16",
-                   optimizer="muon", muon_lr=0.02, muon_momentum=0.9),
+                   warmup_steps=25, eval_interval=25, eval_batches=15, precision="auto",
+                   optimizer="muon", muon_lr=0.01, muon_momentum=0.9),
     ),
     "tiny": Preset(
         description="a seconds-long smoke run: 2 layers, d_model 32, window 32",
