@@ -1,0 +1,120 @@
+"""Every row of the mistake table is a test: an implementation with that mistake gets that
+diagnosis from its checker, and the correct implementation passes every checker."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+import torch
+
+from handformer import learn
+from handformer.learn import MISTAKES, CheckResult
+from tests.learn import readers as r
+
+
+def _cls(klass, **bug):
+    return lambda *args, **kwargs: klass(*args, **kwargs, **bug)
+
+
+CORRECT = {
+    "attention": (learn.check_attention, r.attention),
+    "causal mask": (learn.check_causal_mask, r.causal_mask),
+    "padding mask": (learn.check_padding_mask, r.padding_mask),
+    "multi-head": (learn.check_multi_head, r.MultiHeadAttention),
+    "positions": (learn.check_positional_encoding, r.PositionalEncoding),
+    "layer norm": (learn.check_layer_norm, r.LayerNorm),
+    "feed-forward": (learn.check_feed_forward, r.FeedForward),
+    "block": (learn.check_block, r.TransformerBlock),
+    "training step": (learn.check_training_loop, r.training_step),
+    "generate": (learn.check_generate, r.generate),
+}
+
+# mistake key → (checker, the buggy implementation, extra checker arguments)
+BUGGY = {
+    "unscaled": (learn.check_attention, partial(r.attention, scale=False)),
+    "softmax_axis": (learn.check_attention, partial(r.attention, axis=-2)),
+    "mask_polarity": (learn.check_causal_mask, partial(r.causal_mask, polarity=False)),
+    "mask_transposed": (learn.check_causal_mask, partial(r.causal_mask, transpose=True)),
+    "mask_missing": (learn.check_lm, _cls(r.MiniLM, mask="none")),
+    "mask_broadcast": (learn.check_padding_mask, partial(r.padding_mask, broadcast=False)),
+    "view_contiguous": (learn.check_multi_head, _cls(r.MultiHeadAttention, bug="view_contiguous")),
+    "heads_merged": (learn.check_multi_head, _cls(r.MultiHeadAttention, bug="heads_merged")),
+    "heads_split": (learn.check_multi_head, _cls(r.MultiHeadAttention, bug="heads_split")),
+    "positions_missing": (learn.check_positional_encoding, _cls(r.PositionalEncoding, times=0)),
+    "positions_twice": (learn.check_positional_encoding, _cls(r.PositionalEncoding, times=2)),
+    "layer_norm_axis": (learn.check_layer_norm, _cls(r.LayerNorm, dim=1)),
+    "layer_norm_unbiased": (learn.check_layer_norm, _cls(r.LayerNorm, unbiased=True)),
+    "no_residual": (learn.check_block, _cls(r.TransformerBlock, residual=False)),
+    "no_activation": (learn.check_feed_forward, _cls(r.FeedForward, activation=False)),
+    "targets_unshifted": (learn.check_training_loop,
+                          partial(r.training_step, bug="targets_unshifted")),
+    "targets_shifted_right": (learn.check_training_loop,
+                              partial(r.training_step, bug="targets_shifted_right")),
+    "loss_counts_padding": (learn.check_training_loop,
+                            partial(r.training_step, bug="loss_counts_padding")),
+    "no_zero_grad": (learn.check_training_loop, partial(r.training_step, bug="no_zero_grad")),
+    "generate_wrong_position": (learn.check_generate, partial(r.generate, position=0)),
+}
+
+
+def test_every_row_of_the_table_has_a_test() -> None:
+    tested = set(BUGGY) | {"mask_transposed", "positions_missing", "cache_offset"}
+    assert tested == set(MISTAKES)
+
+
+@pytest.mark.parametrize("piece", CORRECT)
+def test_the_correct_implementation_passes(piece: str) -> None:
+    checker, implementation = CORRECT[piece]
+    result = checker(implementation)
+    assert isinstance(result, CheckResult)
+    assert result.passed, result.message
+    assert result.message.startswith("PASS ") and str(result) == result.message
+
+
+@pytest.mark.parametrize("key", BUGGY)
+def test_each_mistake_gets_its_diagnosis(key: str) -> None:
+    checker, implementation = BUGGY[key]
+    result = checker(implementation)
+    assert not result.passed
+    assert result.mistake == key, result.message
+    assert result.message.startswith("FAIL ") and MISTAKES[key].fix in result.message
+
+
+def _tiny_lm(**bug) -> r.MiniLM:
+    torch.manual_seed(0)
+    return r.MiniLM(12, 16, 2, 1, 32, 32, **bug).eval()
+
+
+def test_a_cache_that_forgets_the_offset_is_named() -> None:
+    result = learn.check_generate(r.generate_forgetting_the_offset, model=_tiny_lm())
+    assert result.mistake == "cache_offset", result.message
+    assert learn.check_generate(r.generate, model=_tiny_lm()).passed
+
+
+def test_the_correct_lm_trains_like_the_library_and_the_broken_ones_are_named() -> None:
+    """check_lm trains the reader's model and the library's a few dozen steps each."""
+    good = learn.check_lm(r.MiniLM)
+    assert good.passed, good.message
+    assert "val loss" in good.message
+    assert learn.check_lm(_cls(r.MiniLM, mask="transposed")).mistake == "mask_transposed"
+    assert learn.check_lm(_cls(r.MiniLM, positions=False)).mistake == "positions_missing"
+
+
+def test_a_traceback_in_the_readers_code_is_reported_with_their_line() -> None:
+    def attention_with_a_typo(q, k, v, mask=None):
+        scores = q @ k.transpose(-2, -1)
+        return scores @ v.transpose(-2, -1)  # the reader's bug: shapes do not multiply
+
+    result = learn.check_attention(attention_with_a_typo)
+    assert not result.passed
+    assert "raised RuntimeError at test_learn_mistakes.py:" in result.message
+    assert "in attention_with_a_typo: return scores @ v.transpose(-2, -1)" in result.message
+
+
+def test_a_wrong_shape_is_reported_with_both_shapes() -> None:
+    result = learn.check_attention(lambda q, k, v, mask=None: q.sum(1))
+    assert not result.passed
+    assert "returned shape (2, 5, 8), expected (2, 3, 5, 8)" in result.message
+    result = learn.check_causal_mask(lambda t: torch.tril(torch.ones(t, t)))
+    assert "expected torch.bool" in result.message
