@@ -3,6 +3,7 @@
     python docs/make_pictures.py                     # the quick ones: minutes on 2 CPU cores
     python docs/make_pictures.py positions masks     # only these (names below)
     python docs/make_pictures.py length-convergence  # the 128 → 512 study: ~6 min, 2 idle cores
+    python docs/make_pictures.py build-progression   # the build track's stages: ~2 min, 1 core
     python docs/make_pictures.py --out /tmp/pics     # somewhere else (default: docs/img)
 
 Nothing here draws a picture twice: the masks and attention maps are the doctor's
@@ -205,6 +206,14 @@ def draw_length_convergence(out: Path) -> None:
     module.main(["--out", str(out)])
 
 
+def draw_build_progression(out: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "build_progression", ROOT / "benchmarks" / "build_progression.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--out", str(out)])
+
+
 PICTURES: tuple[Picture, ...] = (
     Picture("masks", ("doctor-masks.png",), draw_masks,
             what="the doctor's mask pictures for a fresh `tiny` model"),
@@ -219,6 +228,9 @@ PICTURES: tuple[Picture, ...] = (
     Picture("length-convergence", ("length_convergence.png", "length_convergence.json"),
             draw_length_convergence, quick=False,
             what="benchmarks/length_convergence.py: training at 128 and 512"),
+    Picture("build-progression", ("build-progression.png", "build_progression.json"),
+            draw_build_progression, quick=False,
+            what="benchmarks/build_progression.py: the build track's stages, val loss each"),
 )
 
 

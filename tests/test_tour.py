@@ -62,7 +62,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOURS = [ROOT / "docs" / "tour.md", ROOT / "docs" / "tour.zh.md"]
-TOUR_READS = ["docs/img/length_convergence.json"]  # relative to the folder the tour runs in
+# The data files the tours and the build track read, relative to the folder they run in.
+TOUR_READS = ["docs/img/length_convergence.json", "docs/img/build_progression.json"]
 RUN_TIMEOUT_S = 600  # a hung snippet fails the test instead of the whole suite
 
 FENCE = re.compile(r"^```\s*([\w.+-]*)\s*$")
@@ -261,6 +262,8 @@ def python_object_exists(file: Path, dotted: str) -> bool:
     # Drop leading components that name the module itself: handformer.masks.x → x.
     while len(parts) > 1 and parts[0] in module_parts:
         parts = parts[1:]
+    if parts[0] in module_parts and (parts[0] != "__init__" and len(parts) == 1):
+        return file.stem == parts[0] or file.parent.name == parts[0]  # the module itself
     node: ast.AST = tree
     for part in parts:
         found = _defined_names(node).get(part)
