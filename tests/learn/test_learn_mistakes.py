@@ -118,3 +118,23 @@ def test_a_wrong_shape_is_reported_with_both_shapes() -> None:
     assert "returned shape (2, 5, 8), expected (2, 3, 5, 8)" in result.message
     result = learn.check_causal_mask(lambda t: torch.tril(torch.ones(t, t)))
     assert "expected torch.bool" in result.message
+
+
+def test_whatever_the_code_hands_back_the_checker_returns_a_result() -> None:
+    """Not a module, another dtype, a backward that fails: a FAIL or a PASS, never a raise."""
+    not_a_module = learn.check_multi_head(lambda d_model, num_heads: "a layer")
+    assert not not_a_module.passed and "AttributeError" in not_a_module.message
+    in_float64 = learn.check_attention(
+        lambda q, k, v, mask=None: r.attention(q.double(), k.double(), v.double(),
+                                               None if mask is None else mask))
+    assert in_float64.passed, in_float64.message
+
+    def step_with_a_broken_backward(model, optimizer, ids, pad_id):
+        loss = model(ids[:, :-1]).sum()
+        loss.backward()
+        loss.backward()  # the second backward through a freed graph raises
+        return loss.item()
+
+    broken = learn.check_training_loop(step_with_a_broken_backward)
+    assert not broken.passed and "RuntimeError" in broken.message
+    assert "in step_with_a_broken_backward: loss.backward()" in broken.message

@@ -13,7 +13,14 @@ from torch import Tensor, nn
 
 from handformer.doctor.maskmath import classify, show
 from handformer.learn.reference import attention_mistakes, closest, multi_head_mistakes
-from handformer.learn.result import CheckResult, ReaderError, call_reader, fail, passed
+from handformer.learn.result import (
+    CheckResult,
+    ReaderError,
+    call_reader,
+    fail,
+    never_raises,
+    passed,
+)
 from handformer.masks import causal_mask
 from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_attention
 
@@ -47,6 +54,7 @@ def _padding(rows: int, keys: int) -> Tensor:  # (B, S): True on real tokens, th
     return pad
 
 
+@never_raises
 def check_attention(fn: Callable[..., object]) -> CheckResult:
     """``fn(q, k, v, mask=None)`` with q, k, v (B, H, T, D) and a boolean mask broadcastable to
     the scores (B, H, T, S), True = may attend; returns the output (B, H, T, D) or
@@ -65,6 +73,7 @@ def check_attention(fn: Callable[..., object]) -> CheckResult:
             problem = shape_problem(f"with {label}, fn", got, (B, H, T, D))
             if problem is not None:
                 return fail(name, problem)
+            got = got.float()  # a float64 answer is compared too
             want = scaled_dot_product_attention(q, k, v, mask)[0]  # (B, H, T, D)
             if not torch.allclose(got, want, atol=1e-5):
                 diff = (got - want).abs().max().item()
@@ -77,6 +86,7 @@ def check_attention(fn: Callable[..., object]) -> CheckResult:
                         "mask and a padded causal mask")
 
 
+@never_raises
 def check_causal_mask(fn: Callable[[int], object]) -> CheckResult:
     """``fn(T)`` returns the causal mask (T, T): boolean, True = may attend, so query i sees
     the keys j ≤ i (rows are queries, columns keys)."""
@@ -102,6 +112,7 @@ def check_causal_mask(fn: Callable[[int], object]) -> CheckResult:
                         + show(causal_mask(4)))
 
 
+@never_raises
 def check_padding_mask(fn: Callable[..., object]) -> CheckResult:
     """``fn(ids, pad_id)`` with ids (B, S) returns the padding mask ready for the scores
     (B, H, T, S): boolean, True on real tokens, shaped (B, 1, 1, S)."""
@@ -170,6 +181,7 @@ def copy_attention_weights(layers: list[nn.Linear], mha: MultiHeadAttention) -> 
     return None
 
 
+@never_raises
 def check_multi_head(cls: Callable[..., nn.Module], d_model: int = 16,
                      num_heads: int = 4) -> CheckResult:
     """``cls(d_model, num_heads)``: a layer with ``forward(x, mask=None)``, x (B, T, C), mask
@@ -194,6 +206,7 @@ def check_multi_head(cls: Callable[..., nn.Module], d_model: int = 16,
                 problem = shape_problem(f"with {label}, forward", got, (B, T, d_model))
                 if problem is not None:
                     return fail(name, problem)
+                got = got.float()  # a float64 answer is compared too
                 want, _ = mha(x, mask=mask)  # (B, T, C)
                 if not torch.allclose(got, want, atol=1e-5):
                     diff = (got - want).abs().max().item()

@@ -17,7 +17,14 @@ from handformer.learn.checks_attention import (
     linears,
     shape_problem,
 )
-from handformer.learn.result import CheckResult, ReaderError, call_reader, fail, passed
+from handformer.learn.result import (
+    CheckResult,
+    ReaderError,
+    call_reader,
+    fail,
+    never_raises,
+    passed,
+)
 from handformer.masks import causal_mask
 from handformer.nn.block import TransformerBlock
 from handformer.nn.feedforward import FeedForward
@@ -28,6 +35,7 @@ __all__ = ["check_block", "check_feed_forward", "check_layer_norm", "check_posit
 B, T = 2, 6
 
 
+@never_raises
 def check_positional_encoding(cls: Callable[..., nn.Module], d_model: int = 16,
                               max_len: int = 64) -> CheckResult:
     """``cls(d_model, max_len)``: ``forward(x)`` with x (B, T, C) returns x plus the
@@ -45,6 +53,7 @@ def check_positional_encoding(cls: Callable[..., nn.Module], d_model: int = 16,
     problem = shape_problem("forward(x)", got, (B, T, d_model))
     if problem is not None:
         return fail(name, problem)
+    got = got.float()  # a float64 answer is compared too
     pe = SinusoidalPositions(d_model)(torch.arange(T))  # (T, C)
     want = x + pe
     if torch.allclose(got, want, atol=1e-5):
@@ -64,6 +73,7 @@ def check_positional_encoding(cls: Callable[..., nn.Module], d_model: int = 16,
                       "every row of the batch")
 
 
+@never_raises
 def check_layer_norm(cls: Callable[..., nn.Module], d_model: int = 16) -> CheckResult:
     """``cls(d_model)``: ``forward(x)`` normalises each token's C features to zero mean and
     unit variance (divided by C, eps 1e-5 inside the square root), then applies a learned
@@ -80,6 +90,7 @@ def check_layer_norm(cls: Callable[..., nn.Module], d_model: int = 16) -> CheckR
     problem = shape_problem("forward(x)", got, (B, T, d_model))
     if problem is not None:
         return fail(name, problem)
+    got = got.float()  # a float64 answer is compared too
     want = F.layer_norm(x, (d_model,))  # a fresh gain is 1 and bias 0
     if not torch.allclose(got, want, atol=1e-4):
         def norm_over(dim: int, unbiased: bool = False) -> Tensor:
@@ -104,6 +115,7 @@ def check_layer_norm(cls: Callable[..., nn.Module], d_model: int = 16) -> CheckR
                         "a gain and a bias")
 
 
+@never_raises
 def check_feed_forward(cls: Callable[..., nn.Module], d_model: int = 16,
                        d_ff: int = 64) -> CheckResult:
     """``cls(d_model, d_ff)``: ``forward(x)`` = linear(C → F), ReLU or GELU, linear(F → C),
@@ -122,6 +134,7 @@ def check_feed_forward(cls: Callable[..., nn.Module], d_model: int = 16,
     problem = shape_problem("forward(x)", got, (B, T, d_model))
     if problem is not None:
         return fail(name, problem)
+    got = got.float()  # a float64 answer is compared too
     found = linears(layer)
     shapes = [tuple(lin.weight.shape) for lin in found]
     if shapes != [(d_ff, d_model), (d_model, d_ff)]:
@@ -152,6 +165,7 @@ def _norms(module: nn.Module, d_model: int) -> list[nn.Module]:
     return found
 
 
+@never_raises
 def check_block(cls: Callable[..., nn.Module], d_model: int = 16, num_heads: int = 4,
                 d_ff: int = 64) -> CheckResult:
     """``cls(d_model, num_heads, d_ff)``: a pre-norm block, ``forward(x, mask=None)`` with
@@ -172,6 +186,7 @@ def check_block(cls: Callable[..., nn.Module], d_model: int = 16, num_heads: int
             problem = shape_problem("forward(x, mask)", got, (B, T, d_model))
             if problem is not None:
                 return fail(name, problem)
+            got = got.float()  # a float64 answer is compared too
             found, norms = linears(block), _norms(block, d_model)
             if len(found) != 6 or len(norms) != 2:
                 return fail(name, f"cannot compare: found {len(found)} nn.Linear layers and "

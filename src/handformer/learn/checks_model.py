@@ -15,7 +15,14 @@ from torch import Tensor, nn
 from handformer.config import ModelConfig
 from handformer.data import LMWindows
 from handformer.learn.checks_attention import shape_problem
-from handformer.learn.result import CheckResult, ReaderError, call_reader, fail, passed
+from handformer.learn.result import (
+    CheckResult,
+    ReaderError,
+    call_reader,
+    fail,
+    never_raises,
+    passed,
+)
 from handformer.loss import IGNORE_INDEX, lm_loss
 from handformer.models.decoder_lm import DecoderLM
 
@@ -62,6 +69,7 @@ def _train(name: str, model: nn.Module, train: LMWindows,
     return sum(val_losses) / len(val_losses)
 
 
+@never_raises
 def check_lm(cls: Callable[..., nn.Module], d_model: int = 32, num_heads: int = 4,
              num_layers: int = 2, d_ff: int = 64, max_len: int = 32) -> CheckResult:
     """``cls(vocab_size=, d_model=, num_heads=, num_layers=, d_ff=, max_len=)``: a decoder LM
@@ -85,6 +93,7 @@ def check_lm(cls: Callable[..., nn.Module], d_model: int = 32, num_heads: int = 
             problem = shape_problem("forward(ids)", logits, (b, t, vocab))
             if problem is not None:
                 return fail(name, problem)
+            logits = logits.float()  # a float64 answer is compared too
             changed = ids.clone()
             changed[:, -1] = (changed[:, -1] + 1) % vocab  # a different last token
             moved = (call_reader(name, "forward(ids)", model, changed)[:, :-1]
@@ -122,6 +131,7 @@ def _fresh_lm() -> DecoderLM:
     return DecoderLM(ModelConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=1, max_len=16))
 
 
+@never_raises
 def check_training_loop(fn: Callable[..., object]) -> CheckResult:
     """``fn(model, optimizer, ids, pad_id)``: one training step on ids (B, T + 1), rows
     right-padded with ``pad_id``. It builds inputs and next-token targets, computes the
@@ -192,6 +202,7 @@ def _greedy(model: nn.Module, ids: Tensor, steps: int, position: int = -1) -> Te
     return ids
 
 
+@never_raises
 def check_generate(fn: Callable[..., object], model: nn.Module | None = None,
                    prompt: Tensor | None = None, max_new_tokens: int = 8) -> CheckResult:
     """``fn(model, ids, max_new_tokens)`` with ids (B, T) returns (B, T + max_new_tokens): the

@@ -7,6 +7,7 @@ handformer's nor torch's), so the message points where the fix goes.
 
 from __future__ import annotations
 
+import functools
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch
 
 from handformer.learn.mistakes import MISTAKES
 
-__all__ = ["CheckResult", "ReaderError", "call_reader", "fail", "passed"]
+__all__ = ["CheckResult", "ReaderError", "call_reader", "fail", "never_raises", "passed"]
 
 T = TypeVar("T")
 
@@ -73,6 +74,16 @@ def _reader_frame(err: BaseException) -> traceback.FrameSummary | None:
     return frames[-1] if frames else None
 
 
+def _raised(checker: str, what: str, err: BaseException) -> CheckResult:
+    frame = _reader_frame(err)
+    where = "" if frame is None else (
+        f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
+        + (f": {frame.line.strip()}" if frame.line else ""))
+    message = str(err).splitlines()[0] if str(err) else ""
+    mistake = "view_contiguous" if "view size is not compatible" in message else None
+    return fail(checker, f"{what} raised {type(err).__name__}{where}\n  {message}", mistake)
+
+
 def call_reader(checker: str, what: str, fn: Callable[..., T], *args: object,
                 **kwargs: object) -> T:
     """``fn(*args, **kwargs)``; if it raises, a ``ReaderError`` whose FAIL names the reader's
@@ -80,11 +91,19 @@ def call_reader(checker: str, what: str, fn: Callable[..., T], *args: object,
     try:
         return fn(*args, **kwargs)
     except Exception as err:  # the reader's bug, reported rather than raised
-        frame = _reader_frame(err)
-        where = "" if frame is None else (
-            f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}"
-            + (f": {frame.line.strip()}" if frame.line else ""))
-        message = str(err).splitlines()[0] if str(err) else ""
-        mistake = "view_contiguous" if "view size is not compatible" in message else None
-        raise ReaderError(fail(checker, f"{what} raised {type(err).__name__}{where}\n"
-                                        f"  {message}", mistake)) from None
+        raise ReaderError(_raised(checker, what, err)) from None
+
+
+def never_raises(check: Callable[..., CheckResult]) -> Callable[..., CheckResult]:
+    """A checker returns a FAIL for whatever the reader's code does: what it hands back may
+    still break the comparison itself (an object that is not a module, a tensor of another
+    dtype, a backward pass that fails), and that is reported too, with the reader's line."""
+    @functools.wraps(check)
+    def wrapper(*args: object, **kwargs: object) -> CheckResult:
+        try:
+            return check(*args, **kwargs)
+        except ReaderError as err:
+            return err.result
+        except Exception as err:  # what the reader's code handed back broke the check
+            return _raised(check.__name__, "checking what your code returned", err)
+    return wrapper
