@@ -58,9 +58,25 @@ BUGGY = {
 }
 
 
+# The same mistake seen by another checker: (mistake key, checker, buggy implementation).
+ALSO = [
+    ("mask_polarity", learn.check_attention, partial(r.attention, polarity=False)),
+    ("mask_transposed", learn.check_attention, partial(r.attention, transpose=True)),
+    ("unscaled", learn.check_multi_head, _cls(r.MultiHeadAttention, bug="unscaled")),
+]
+
+
 def test_every_row_of_the_table_has_a_test() -> None:
     tested = set(BUGGY) | {"mask_transposed", "positions_missing", "cache_offset"}
     assert tested == set(MISTAKES)
+
+
+@pytest.mark.parametrize(("key", "checker", "implementation"), ALSO,
+                         ids=[f"{k}-{c.__name__}" for k, c, _ in ALSO])
+def test_a_mistake_is_named_by_every_checker_that_can_see_it(key, checker,
+                                                             implementation) -> None:
+    result = checker(implementation)
+    assert result.mistake == key, result.message
 
 
 @pytest.mark.parametrize("piece", CORRECT)

@@ -22,23 +22,27 @@ from handformer.nn.attention import MultiHeadAttention, scaled_dot_product_atten
 __all__ = ["attention_mistakes", "closest", "multi_head_mistakes"]
 
 
-def _softmax_over_queries(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T, S)
+def _mistaken(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, *, scale: float,
+              axis: int = -1) -> Tensor:
+    """Attention as a hand-written version computes it, with one thing changed: masked
+    scores filled with a huge negative number and *not* zeroed after the softmax, so a row a
+    wrong mask leaves empty comes out uniform, as the tutorial's ``-1e9`` fill makes it."""
+    scores = q @ k.transpose(-2, -1) * scale  # (B, H, T, S)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return scores.softmax(dim=-2) @ v  # (B, H, T, D): the mistake, columns sum to 1
+    return scores.softmax(dim=axis) @ v  # (B, H, T, D)
 
 
 def attention_mistakes(q: Tensor, k: Tensor, v: Tensor,
                        mask: Tensor | None) -> dict[str, Tensor]:
-    """The reference output under each classic attention mistake; q, k, v (B, H, T|S, D)."""
-    out = {"unscaled": scaled_dot_product_attention(q, k, v, mask, scale=1.0)[0],
-           "softmax_axis": _softmax_over_queries(q, k, v, mask)}
+    """The output under each classic attention mistake; q, k, v (B, H, T|S, D)."""
+    scale = 1 / math.sqrt(q.size(-1))
+    out = {"unscaled": _mistaken(q, k, v, mask, scale=1.0),
+           "softmax_axis": _mistaken(q, k, v, mask, scale=scale, axis=-2)}
     if mask is not None and not bool(mask.all()):
-        out["mask_polarity"] = scaled_dot_product_attention(q, k, v, ~mask)[0]
+        out["mask_polarity"] = _mistaken(q, k, v, ~mask, scale=scale)
         if mask.shape[-1] == mask.shape[-2]:
-            out["mask_transposed"] = scaled_dot_product_attention(
-                q, k, v, mask.transpose(-2, -1))[0]
+            out["mask_transposed"] = _mistaken(q, k, v, mask.transpose(-2, -1), scale=scale)
     return out
 
 
