@@ -29,7 +29,7 @@ Why
     ``--seed`` to see the spread).
 
 Usage
-    python benchmarks/length_convergence.py              # ~6 min on 2 idle CPU cores
+    python benchmarks/length_convergence.py              # ~12 min on one core (3 runs)
     python benchmarks/length_convergence.py --quick      # lengths 32/64, seconds
     python benchmarks/length_convergence.py --steps 600 --seed 1
 """

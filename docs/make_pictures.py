@@ -2,7 +2,7 @@
 
     python docs/make_pictures.py                     # the quick ones: minutes on 2 CPU cores
     python docs/make_pictures.py positions masks     # only these (names below)
-    python docs/make_pictures.py length-convergence  # the 128 → 512 study: ~6 min, 2 idle cores
+    python docs/make_pictures.py length-convergence  # the 128 → 512 study: ~12 min, one core
     python docs/make_pictures.py build-progression   # the build track's stages: ~2 min, 1 core
     python docs/make_pictures.py --out /tmp/pics     # somewhere else (default: docs/img)
 
