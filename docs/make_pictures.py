@@ -1,4 +1,4 @@
-"""Draw the guided tour's pictures (docs/img/) with handformer's own code.
+"""Draw the pictures of the tour and the build track (docs/img/) with handformer's own code.
 
     python docs/make_pictures.py                     # the quick ones: minutes on 2 CPU cores
     python docs/make_pictures.py positions masks     # only these (names below)

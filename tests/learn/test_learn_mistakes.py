@@ -128,6 +128,18 @@ def test_a_traceback_in_the_readers_code_is_reported_with_their_line() -> None:
     assert "in attention_with_a_typo: return scores @ v.transpose(-2, -1)" in result.message
 
 
+def test_a_class_that_does_not_take_the_contract_s_arguments_is_told_so() -> None:
+    class TwoArgumentLM(torch.nn.Module):
+        def __init__(self, vocab_size, d_model):
+            super().__init__()
+
+    result = learn.check_lm(TwoArgumentLM)
+    assert not result.passed
+    first, second = result.message.splitlines()[:2]
+    assert first == "FAIL check_lm: cls(vocab_size=..., ...) raised TypeError"
+    assert "unexpected keyword argument 'num_heads'" in second
+
+
 def test_a_wrong_shape_is_reported_with_both_shapes() -> None:
     result = learn.check_attention(lambda q, k, v, mask=None: q.sum(1))
     assert not result.passed

@@ -71,7 +71,7 @@ def _reader_frame(err: BaseException) -> traceback.FrameSummary | None:
         path = Path(frame.filename).resolve() if frame.filename[:1] != "<" else None
         if path is None or not any(path.is_relative_to(d) for d in _LIBRARY_DIRS):
             return frame
-    return frames[-1] if frames else None
+    return None  # raised before the reader's code ran (a call that does not fit its signature)
 
 
 def _raised(checker: str, what: str, err: BaseException) -> CheckResult:
