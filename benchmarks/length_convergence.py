@@ -16,8 +16,9 @@ What it measures
     ``benchmarks/results/length_convergence.{json,png}``; the table printed at the end
     gives each run's final accuracy, the first step at which it reached 90 %, its time, and
     its *peak loss*: the highest 20-step mean training loss after step 50. Guessing 50/50
-    costs ln 2 = 0.693, so a peak clearly above that is a spike — training that got worse
-    than knowing nothing before it recovered.
+    costs ln 2 = 0.693. Read a peak above it next to the held-out accuracy: on the plateau at
+    chance it is noise, and later cross-entropy charges a few confident mistakes in a batch
+    so heavily that the mean can pass ln 2 while accuracy is far above chance.
 
 Why
     The tutorial's author found that a model which trained at 128 tokens would not train at
@@ -28,7 +29,7 @@ Why
     ``--seed`` to see the spread).
 
 Usage
-    python benchmarks/length_convergence.py              # ~6 min on 2 idle CPU cores
+    python benchmarks/length_convergence.py              # ~12 min on one core (3 runs)
     python benchmarks/length_convergence.py --quick      # lengths 32/64, seconds
     python benchmarks/length_convergence.py --steps 600 --seed 1
 """
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['label']:<32} {r['final_val_accuracy']:>9.3f} {at:>8} "
               f"{_fmt(r['peak_loss_after_50']):>9} {r['seconds']:>6.0f}s")
     print("(peak loss: highest 20-step mean training loss after step 50; ln 2 = 0.693 is "
-          "the loss of a 50/50 guess)")
+          "the loss of a 50/50 guess; read it next to the held-out accuracy)")
     print(f"\nJSON: {args.out / 'length_convergence.json'}" + (f"\nPNG:  {png}" if png else ""))
     return 0
 

@@ -1,8 +1,9 @@
-"""Draw the guided tour's pictures (docs/img/) with handformer's own code.
+"""Draw the pictures of the tour and the build track (docs/img/) with handformer's own code.
 
     python docs/make_pictures.py                     # the quick ones: minutes on 2 CPU cores
     python docs/make_pictures.py positions masks     # only these (names below)
-    python docs/make_pictures.py length-convergence  # the 128 → 512 study: ~6 min, 2 idle cores
+    python docs/make_pictures.py length-convergence  # the 128 → 512 study: ~12 min, one core
+    python docs/make_pictures.py build-progression   # the build track's stages: ~2 min, 1 core
     python docs/make_pictures.py --out /tmp/pics     # somewhere else (default: docs/img)
 
 Nothing here draws a picture twice: the masks and attention maps are the doctor's
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shutil
+import string
 import sys
 import tempfile
 from collections.abc import Callable
@@ -53,6 +55,24 @@ def _builtin_windows(block: int):
     text = builtin_text()
     tok = CharTokenizer.from_text(text)
     return tok, LMWindows(torch.as_tensor(tok.encode_array(text)), block)
+
+
+def _prose_windows(block: int):
+    """The built-in text's windows from its first line of plain prose on: the doctor draws
+    its pictures for the first window, and a line of words reads better than markup."""
+    from handformer import CharTokenizer
+    from handformer.data import LMWindows
+    from handformer.data.corpora import builtin_text
+
+    text = builtin_text()
+    tok = CharTokenizer.from_text(text)
+    words = set(string.ascii_letters + " ,.'")
+    start = 0
+    for line in text.splitlines(keepends=True):
+        if len(line) > block + 1 and line[0].isupper() and set(line.strip()) <= words:
+            break
+        start += len(line)
+    return LMWindows(torch.as_tensor(tok.encode_array(text[start:])), block)
 
 
 def _tiny_model(vocab_size: int):
@@ -115,8 +135,9 @@ def draw_positions(out: Path) -> None:
         curves.plot(pe[:, dim].numpy(), label=f"dim {dim}", linewidth=1)
     curves.set(title="sinusoidal: some dimensions", xlabel="position")
     curves.legend(fontsize=7, loc="lower left")
-    image.imshow(pe.T.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
+    shown = image.imshow(pe.T.numpy(), aspect="auto", cmap="RdBu", vmin=-1, vmax=1)
     image.set(title=f"sinusoidal, all C = {c} dims", xlabel="position", ylabel="dimension")
+    fig.colorbar(shown, ax=image, fraction=0.046, pad=0.04)
 
     d = 8
     rope = RotaryEmbedding(head_dim=d)
@@ -134,8 +155,9 @@ def draw_positions(out: Path) -> None:
     qv, kv = torch.randn(2, 1, 1, 1, d).unbind(0)
     grid = torch.tensor([[float((rope(qv, torch.tensor([m])) * rope(kv, torch.tensor([k]))).sum())
                           for k in range(16)] for m in range(16)])  # (query pos, key pos)
-    scores.imshow(grid.numpy(), cmap="viridis")
+    shown = scores.imshow(grid.numpy(), cmap="viridis")
     scores.set(title="RoPE: q·k at (m, n)", xlabel="key position n", ylabel="query position m")
+    fig.colorbar(shown, ax=scores, fraction=0.046, pad=0.04, label="q·k")
     fig.tight_layout()
     save_figure(fig, out / "positions.png")
 
@@ -155,7 +177,7 @@ def _default_style_run(tmp: Path):
 def draw_trained(out: Path) -> None:
     from handformer.train.plots import plot_loss_curve, read_metrics
 
-    _, windows = _builtin_windows(32)
+    windows = _prose_windows(32)
     with tempfile.TemporaryDirectory() as tmp:
         run = _default_style_run(Path(tmp))
         plot_loss_curve(read_metrics(run.run_dir / "metrics.jsonl"), out / "loss-curve.png",
@@ -184,6 +206,14 @@ def draw_length_convergence(out: Path) -> None:
     module.main(["--out", str(out)])
 
 
+def draw_build_progression(out: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "build_progression", ROOT / "benchmarks" / "build_progression.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--out", str(out)])
+
+
 PICTURES: tuple[Picture, ...] = (
     Picture("masks", ("doctor-masks.png",), draw_masks,
             what="the doctor's mask pictures for a fresh `tiny` model"),
@@ -198,6 +228,9 @@ PICTURES: tuple[Picture, ...] = (
     Picture("length-convergence", ("length_convergence.png", "length_convergence.json"),
             draw_length_convergence, quick=False,
             what="benchmarks/length_convergence.py: training at 128 and 512"),
+    Picture("build-progression", ("build-progression.png", "build_progression.json"),
+            draw_build_progression, quick=False,
+            what="benchmarks/build_progression.py: the build track's stages, val loss each"),
 )
 
 

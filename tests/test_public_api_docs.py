@@ -28,6 +28,7 @@ USER_FACING_MODULES = [
     "handformer.models.decoder_lm", "handformer.models.budget",
     "handformer.models.encoder", "handformer.models.seq2seq", "handformer.doctor",
     "handformer.train.trainer", "handformer.train.checkpoint", "handformer.interop.torch_nn",
+    "handformer.learn",
 ]
 
 

@@ -13,12 +13,21 @@ by a text block holding exactly what it prints (trailing whitespace ignored), in
 section: an output block under the next heading reads as that section's output and is
 refused. Blocks inside ``<details>`` (the exercises' solutions) run like any other.
 
+Every text block is the output of the python block right above it: a text block after
+another text block, or with no python block before it in its section, is an orphan (a pasted
+output left twice, a snippet deleted without its output) and is refused.
+
 Links are checked the way a renderer (GitHub's included) resolves them: the href, read as a
 path relative to the document (``#anchor`` aside), must be an existing file — so no ``::``
 in an href: ``../tests/x.py::test_name`` is a file named ``x.py::test_name`` to a renderer. A
 test is linked as its file, with its name in the link text; a link whose text is a code span
 naming a Python object (`` [`causal_mask`](../src/handformer/masks.py) ``,
-`` [`test_x`](../tests/test_x.py) ``) must point at a file that defines it. Every picture a
+`` [`test_x`](../tests/test_x.py) ``) must point at a file that defines it, and one naming a
+file (`` [`test_x.py`](../tests/test_x.py) ``) must point at that file.
+
+The two languages must agree: the same sections, the same code, and in each section the same
+figures in the prose (every number with a decimal point or a percent sign), so a figure
+corrected in one tour cannot stay wrong in the other. Every picture a
 tour shows must exist, be small, and be one that ``docs/make_pictures.py`` draws (the
 command the tours name).
 
@@ -53,13 +62,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 TOURS = [ROOT / "docs" / "tour.md", ROOT / "docs" / "tour.zh.md"]
-TOUR_READS = ["docs/img/length_convergence.json"]  # relative to the folder the tour runs in
+# The data files the tours and the build track read, relative to the folder they run in.
+TOUR_READS = ["docs/img/length_convergence.json", "docs/img/build_progression.json"]
 RUN_TIMEOUT_S = 600  # a hung snippet fails the test instead of the whole suite
 
 FENCE = re.compile(r"^```\s*([\w.+-]*)\s*$")
 HEADING = re.compile(r"^#{1,6} ")
 LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)|!\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_NAME = re.compile(r"^`([A-Za-z_][\w.]*)(?:\(\))?`$")
+FILE_NAME = re.compile(r"^`([\w./-]+\.(?:py|md|json|png|toml|txt|yml|yaml|cfg|jsonl))`$")
+FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+|\d+(?=\s*%))(?![\w.]*\d)")
 
 
 @dataclass
@@ -250,6 +262,8 @@ def python_object_exists(file: Path, dotted: str) -> bool:
     # Drop leading components that name the module itself: handformer.masks.x → x.
     while len(parts) > 1 and parts[0] in module_parts:
         parts = parts[1:]
+    if parts[0] in module_parts and (parts[0] != "__init__" and len(parts) == 1):
+        return file.stem == parts[0] or file.parent.name == parts[0]  # the module itself
     node: ast.AST = tree
     for part in parts:
         found = _defined_names(node).get(part)
@@ -287,12 +301,57 @@ def check_links(path: Path) -> list[str]:
             if not resolved.is_file():
                 problems.append(f"{where}: link [{label}]({target}) points at a missing file")
                 continue
+            file_named = FILE_NAME.match(label.strip())
+            if file_named and not resolved.as_posix().endswith("/" + file_named.group(1)):
+                problems.append(f"{where}: link [{label}]({target}): the label names "
+                                f"{file_named.group(1)} but the link opens {resolved.name}")
+                continue
             named = CODE_NAME.match(label.strip())
             if (named and resolved.suffix == ".py" and not named.group(1).endswith(".py")
                     and not python_object_exists(resolved, named.group(1))):
                 problems.append(f"{where}: link [{label}]({target}): {file_part} does not "
                                 f"define {named.group(1)}")
     return problems
+
+
+def orphan_outputs(path: Path, blocks: list[Block]) -> list[str]:
+    """Text blocks that are no python block's output (see the module docstring)."""
+    problems = []
+    for n, block in enumerate(blocks):
+        if block.lang != "text":
+            continue
+        before = blocks[n - 1] if n else None
+        if before is None or before.lang != "python" or before.section != block.section:
+            what = ("repeats the output block above it" if before is not None
+                    and before.lang == "text" and before.body == block.body
+                    else "follows no python block in its section")
+            problems.append(f"{path.relative_to(ROOT)}:{block.line}: this ```text block {what}")
+    return problems
+
+
+def prose_figures(text: str) -> dict[str, set[str]]:
+    """The figures of each numbered section's prose (outside code blocks and link targets)."""
+    figures: dict[str, set[str]] = {}
+    section = None
+    in_code = False
+    for line in text.splitlines():
+        if FENCE.match(line) or line.strip() == "```":
+            in_code = not in_code
+            continue
+        heading = re.match(r"^## (\d+)\.", line)
+        if heading:
+            section = heading.group(1)
+            figures[section] = set()
+        elif section is not None and not in_code:
+            figures[section].update(FIGURE.findall(re.sub(r"\]\([^)]*\)", "]", line)))
+    return figures
+
+
+def figure_drift(english: str, chinese: str) -> list[str]:
+    """Sections whose prose figures differ between the two tours."""
+    en, zh = prose_figures(english), prose_figures(chinese)
+    return [f"§{s}: only in tour.md {sorted(en[s] - zh.get(s, set()))}, only in tour.zh.md "
+            f"{sorted(zh.get(s, set()) - en[s])}" for s in en if en[s] != zh.get(s, set())]
 
 
 # -- the tests --------------------------------------------------------------------------------
@@ -304,6 +363,17 @@ def test_every_snippet_runs_and_prints_what_the_tour_shows(tour: Path) -> None:
     assert not problems, "\n\n".join(problems)
     cpu = run.cpu_seconds
     assert cpu < 30, f"{tour.name} took {cpu:.1f} s of CPU; the tour must stay quick"
+
+
+@pytest.mark.parametrize("tour", TOURS, ids=[p.name for p in TOURS])
+def test_every_output_block_belongs_to_the_snippet_above_it(tour: Path) -> None:
+    problems = orphan_outputs(tour, parse_blocks(tour.read_text(encoding="utf-8"), str(tour)))
+    assert not problems, "\n".join(problems)
+
+
+def test_both_tours_state_the_same_figures_in_each_section() -> None:
+    problems = figure_drift(*(t.read_text(encoding="utf-8") for t in TOURS))
+    assert not problems, "\n".join(problems)
 
 
 LINKED = [*TOURS, ROOT / "README.md", ROOT / "README.zh.md"]
@@ -354,7 +424,9 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
         "[gone](../nowhere.py) [t](../tests/test_tour.py::parse_blocks)\n"
         "[`parse_blocks`](../tests/test_tour.py) [`no_such_name`](../tests/test_tour.py)\n"
         "[`test_that_does_not_exist`](../tests/test_tour.py) [folder](../tests)\n"
-        "[`parse_blocks`](../tests/test%5Ftour.py#L1)\n",
+        "[`parse_blocks`](../tests/test%5Ftour.py#L1)\n"
+        "[`test_other.py`](../tests/test_tour.py) [`tests/test_tour.py`](../tests/test_tour.py)\n"
+        "\n```text\n2\n```\n",
         encoding="utf-8")
     misplaced = docs / "misplaced.md"  # the output sits under the next heading
     misplaced.write_text("## one\n\n```python\nprint(1)\n```\n\n## two\n\ntext\n\n"
@@ -368,6 +440,8 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
         problems = describe_failures(tour, run_tour(tour).outcomes)
         links = check_links(tour)
         misplaced_problems = describe_failures(misplaced, run_tour(misplaced).outcomes)
+        orphans = orphan_outputs(tour, parse_blocks(tour.read_text(encoding="utf-8")))
+        misplaced_orphans = orphan_outputs(misplaced, parse_blocks(misplaced.read_text("utf-8")))
     finally:
         ROOT = saved
     assert len(problems) == 3, problems
@@ -379,12 +453,23 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     assert len(misplaced_problems) == 1, misplaced_problems
     assert misplaced_problems[0].startswith("docs/misplaced.md:3: the python block has no ```text")
     assert "in its own section (## one)" in misplaced_problems[0]
-    assert len(links) == 5, links  # the percent-encoded link with an anchor resolves
+    assert len(links) == 6, links  # the percent-encoded link with an anchor resolves
     assert "missing file" in links[0]
     assert "a renderer reads '::' as part of the file name" in links[1]
     assert "does not define no_such_name" in links[2]
     assert "does not define test_that_does_not_exist" in links[3]
     assert "[folder](../tests) points at a missing file" in links[4]
+    assert "the label names test_other.py but the link opens test_tour.py" in links[5]
+    assert orphans == ["docs/tour.md:33: this ```text block repeats the output block above it"]
+    assert misplaced_orphans == [
+        "docs/misplaced.md:11: this ```text block follows no python block in its section"]
+
+
+def test_figure_drift_names_the_section_and_the_figures() -> None:
+    english = "## 1. a\n\nloss 0.764, 50 %, step 200\n\n```text\n9.99\n```\n## 2. b\n\n1.5\n"
+    chinese = "## 1. 甲\n\n损失 0.746，50%，第 200 步\n\n```text\n1.23\n```\n## 2. 乙\n\n1.5\n"
+    assert figure_drift(english, chinese) == [
+        "§1: only in tour.md ['0.764'], only in tour.zh.md ['0.746']"]
 
 
 def test_the_tour_runs_outside_the_checkout(tmp_path: Path) -> None:

@@ -84,7 +84,8 @@ def _draw(subject: Subject, out: Path) -> list[str]:
             heads = w.shape[0]
             cols = min(heads, 4)
             rows = -(-heads // cols)
-            fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.2 * rows), squeeze=False)
+            side = 4.2 if labels else 3.2  # room for one readable tick label per token
+            fig, axes = plt.subplots(rows, cols, figsize=(side * cols, side * rows), squeeze=False)
             for h in range(rows * cols):
                 ax = axes[h // cols][h % cols]
                 if h >= heads:
@@ -93,8 +94,8 @@ def _draw(subject: Subject, out: Path) -> list[str]:
                 ax.imshow(w[h].numpy(), cmap="viridis", vmin=0.0, vmax=float(w[h].max()) or 1.0)
                 ax.set_title(f"head {h}", fontsize=9)
                 if labels:
-                    ax.set_xticks(range(len(labels)), labels, fontsize=5, rotation=90)
-                    ax.set_yticks(range(len(labels)), labels, fontsize=5)
+                    ax.set_xticks(range(len(labels)), labels, fontsize=7, rotation=90)
+                    ax.set_yticks(range(len(labels)), labels, fontsize=7)
                 else:
                     ax.set_xlabel("key", fontsize=8)
                     ax.set_ylabel("query", fontsize=8)
