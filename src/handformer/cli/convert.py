@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     direction.add_argument("--quantize", choices=["int8"],
                            help="run folder → run folder with int8 weights and their scales "
                            "(loads without quantizing again)")
+    direction.add_argument("--merge-lora", action="store_true",
+                           help="LoRA run folder → plain run folder with the adapters folded "
+                           "into the weights (loads without its base)")
     conv.add_argument("src", type=folder_arg, help="the folder to read")
     conv.add_argument("dst", type=folder_arg,
                       help="the folder (or, with --to onnx, the .onnx file) to write: new, "
@@ -52,6 +55,12 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     from handformer.interop.hf_folder import export_hf_folder, import_hf_folder
 
+    if args.merge_lora:
+        from handformer.runs.merged import write_merged_run
+
+        out = write_merged_run(args.src, args.dst, overwrite=args.overwrite)
+        print(f"wrote merged run folder {out} (the adapters folded into the weights)")
+        return 0
     if args.quantize is not None:
         from handformer.runs.quantized import write_quantized_run
 

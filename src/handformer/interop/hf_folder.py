@@ -50,6 +50,7 @@ from handformer.interop.llama import (
 )
 from handformer.models.budget import check_model_fits
 from handformer.models.decoder_lm import DecoderLM
+from handformer.nn.lora import merge_lora
 from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
 from handformer.runs.guard import remove_if_ours
 from handformer.tokenizers import HFTokenizer, Tokenizer
@@ -214,6 +215,8 @@ def export_hf_folder(run_dir: str | Path, out: str | Path, *,
         raise ConversionError(f"{run_dir} holds int8 weights (written by convert --quantize); "
                               "Hugging Face folders are written from the fp32 run it was "
                               f"quantized from ({run.config.get('quantized_from', 'its source')})")
+    if "lora" in run.config:  # a LoRA run leaves as the merged model (W + scale·B·A)
+        model = merge_lora(model)  # type: ignore[assignment]
     family = pick_family(model.config)
     hf_config, state = _hf_config_and_state(model, family)
     has_pad = not isinstance(tokenizer, HFTokenizer) or tokenizer.pad_token_id is not None

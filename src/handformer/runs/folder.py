@@ -18,6 +18,10 @@ int8``) is saved like any other: ``model.safetensors`` then holds each quantized
 ``qweight`` and float ``scale`` in place of its ``weight``, and ``config.json`` records which
 layers under ``"quantization"``. ``load_run`` rebuilds that layout before loading, so the
 stored int8 weights load as they are, without quantizing again.
+
+A run fine-tuned with LoRA (``runs.base``) records its base and LoRA recipe in
+``config.json`` and stores only its adapters (and a new head) in ``model.safetensors``;
+``load_run`` rebuilds it from the base, whose weights must be unchanged.
 """
 
 from __future__ import annotations
@@ -39,6 +43,15 @@ from handformer.models.quantize import (
     quantization_info,
 )
 from handformer.models.seq2seq import EncoderDecoder
+from handformer.nn.lora import apply_lora, lora_layers, lora_state_dict
+from handformer.runs.base import (
+    BASE_KEY,
+    LORA_KEY,
+    check_base,
+    copy_base_weights,
+    load_adapter,
+    lora_from_config,
+)
 from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
 from handformer.runs.files import (
     CONFIG,
@@ -102,7 +115,8 @@ def save_run(
 ) -> Path:
     """Write weights, ``config.json`` (the model's config under its kind's key, the training
     recipe and ``extra``), the tokenizer and, for a classifier, ``labels``. Each file is
-    replaced atomically."""
+    replaced atomically. A model with LoRA adapters needs ``extra`` to hold its ``base`` and
+    ``lora`` records, and only the adapters (and ``lora["trainable"]``) are written."""
     kind = _kind_of_model(model)
     if (kind == "classifier") != (labels is not None):
         raise ValueError("labels are saved with (and only with) a classifier run")
@@ -119,7 +133,13 @@ def save_run(
     quantized = quantization_info(model)
     if quantized is not None:
         config[QUANTIZATION_KEY] = quantized
-    save_weights(model, run_dir / WEIGHTS)
+    only = None
+    if lora_layers(model):
+        if not isinstance(config.get(LORA_KEY), dict) or BASE_KEY not in config:
+            raise ValueError("a model with LoRA adapters is saved with extra={'base': ..., "
+                             "'lora': ...} (runs.base): its folder stores only the adapters")
+        only = lora_state_dict(model, trainable=config[LORA_KEY].get("trainable", []))
+    save_weights(model, run_dir / WEIGHTS, only=only)
     write_json(run_dir / CONFIG, config)
     tokenizer.save(run_dir / TOKENIZER)
     if labels is not None:
@@ -190,8 +210,19 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         raise RunFolderError(f"{run_dir} holds a {found} run (written by "
                              f"`{RUN_KINDS[found][1]}`); this needs {needed}")
     key = RUN_KINDS[found][0]
+    if LORA_KEY in config:
+        return _load_lora_run(run_dir, found, config, device)
+    # A checkpoint of a LoRA run holds every weight, adapters included: build it with them.
+    start = config.get("start")
+    lora = (lora_from_config(start, run_dir / CONFIG)[0]
+            if isinstance(start, dict) and LORA_KEY in start else None)
+
+    def build() -> nn.Module:
+        model = _build(found, config[key])
+        return model if lora is None else apply_lora(model, lora)
+
     try:  # on the meta device: nothing is allocated until config and files agree
-        skeleton = build_skeleton(lambda: _build(found, config[key]))
+        skeleton = build_skeleton(build)
     except (KeyError, TypeError, ValueError) as err:
         raise RunFolderError(f"{run_dir / CONFIG}: cannot rebuild the model from {key!r} "
                              f"({type(err).__name__}: {err})") from None
@@ -216,7 +247,44 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         if len(labels) != classes:
             raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
                                  f"model has {classes} classes")
-    model = _build(found, config[key])
+    model = build()
     _quantized_layout(model, config, run_dir / CONFIG)
     load_weights(model, run_dir / WEIGHTS, device=device)
     return Run(run_dir, found, model.to(device).eval(), tokenizer, config, labels)
+
+
+def _load_lora_run(run_dir: Path, kind: RunKind, config: dict[str, Any], device: str) -> Run:
+    """A LoRA run: its base (unchanged since the run started, and no LoRA run itself), the
+    new model filled from it, then the run's adapters."""
+    where = run_dir / CONFIG
+    base_dir = check_base(config.get(BASE_KEY), where)
+    lora, trainable = lora_from_config(config, where)
+    base = load_run(base_dir, device=device)
+    if LORA_KEY in base.config:
+        raise RunFolderError(f"{where}: its base {base_dir} is itself a LoRA run")
+    key = RUN_KINDS[kind][0]
+    try:
+        model = base.model if kind == "lm" else _build(kind, config[key])
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunFolderError(f"{where}: cannot rebuild the model from {key!r} "
+                             f"({type(err).__name__}: {err})") from None
+    if model is not base.model:
+        copy_base_weights(model, base.model)
+    model.to(device)
+    load_adapter(model, lora, trainable, run_dir / WEIGHTS, device=device)
+    check_run_dir(run_dir, (TOKENIZER,))
+    try:
+        tokenizer = load_tokenizer(run_dir / TOKENIZER)
+    except (KeyError, TypeError, ValueError, OSError) as err:
+        raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
+                             f"({type(err).__name__}: {err})") from None
+    tokenizer = _with_special_ids(tokenizer, config, where)
+    check_tokenizer_fits(tokenizer, model.config, run_dir / TOKENIZER, where)  # type: ignore[arg-type]
+    labels = None
+    if kind == "classifier":
+        check_run_dir(run_dir, (LABELS,))
+        try:
+            labels = LabelVocab.load(run_dir / LABELS)
+        except (DatasetError, ValueError, OSError) as err:
+            raise RunFolderError(f"{run_dir / LABELS}: cannot read the labels ({err})") from None
+    return Run(run_dir, kind, model.eval(), tokenizer, config, labels)
