@@ -76,5 +76,10 @@ def _run(args: argparse.Namespace) -> int:
               f"{cls}.from_pretrained; vLLM serves it: vllm serve {out})")
     else:
         out = import_hf_folder(args.src, args.dst, overwrite=args.overwrite)
-        print(f"wrote run folder {out} (try: handformer generate --run {out})")
+        if (out / "config.json").is_file() and '"encoder"' in (out / "config.json").read_text(
+                encoding="utf-8"):
+            print(f"wrote encoder run folder {out} (try: handformer classify train --from "
+                  f"{out} --data rows.csv --lora 8)")
+        else:
+            print(f"wrote run folder {out} (try: handformer generate --run {out})")
     return 0

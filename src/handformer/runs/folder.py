@@ -10,7 +10,8 @@
 What a folder holds is said by the one key of ``config.json`` that names its model's config:
 ``"model"`` (a ``DecoderLM``, written by ``handformer train``), ``"classifier"`` (an
 ``EncoderClassifier``, ``handformer classify train``) or ``"seq2seq"`` (an
-``EncoderDecoder``, ``handformer seq2seq train``). ``load_run`` reads that key, rebuilds the
+``EncoderDecoder``, ``handformer seq2seq train``) or ``"encoder"`` (a bare pretrained
+``Encoder`` such as MiniLM, ``handformer convert --from hf``). ``load_run`` reads that key, rebuilds the
 model from its config and loads the weights strictly; nothing is unpickled.
 
 A language model quantized to int8 (``models.quantize``; ``handformer convert --quantize
@@ -35,7 +36,7 @@ from torch import nn
 from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig, TrainConfig
 from handformer.data.classification import DatasetError, LabelVocab
 from handformer.models.decoder_lm import DecoderLM
-from handformer.models.encoder import EncoderClassifier
+from handformer.models.encoder import Encoder, EncoderClassifier
 from handformer.models.quantize import (
     QUANTIZATION_KEY,
     QuantizationError,
@@ -69,7 +70,7 @@ from handformer.tokenizers import HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["RUN_KINDS", "Run", "RunKind", "load_run", "run_kind", "save_run"]
 
-RunKind = Literal["lm", "classifier", "seq2seq"]
+RunKind = Literal["lm", "classifier", "seq2seq", "encoder"]
 SPECIAL_TOKENS_KEY = "special_tokens"  # config.json: bos/eos/pad ids a tokenizer cannot name
 
 # kind → (the config.json key holding the model's config, the command that writes it)
@@ -77,6 +78,8 @@ RUN_KINDS: dict[str, tuple[str, str]] = {
     "lm": ("model", "handformer train"),
     "classifier": ("classifier", "handformer classify train"),
     "seq2seq": ("seq2seq", "handformer seq2seq train"),
+    # A bare pretrained encoder (BERT, MiniLM): the base a classifier fine-tunes from.
+    "encoder": ("encoder", "handformer convert --from hf"),
 }
 
 
@@ -100,7 +103,9 @@ def _kind_of_model(model: nn.Module) -> RunKind:
         return "classifier"
     if isinstance(model, EncoderDecoder):
         return "seq2seq"
-    raise TypeError(f"save_run takes a DecoderLM, EncoderClassifier or EncoderDecoder; "
+    if isinstance(model, Encoder):
+        return "encoder"
+    raise TypeError(f"save_run takes a DecoderLM, EncoderClassifier, EncoderDecoder or Encoder; "
                     f"got {type(model).__name__}")
 
 
@@ -162,6 +167,8 @@ def _build(kind: RunKind, model_config: dict[str, Any]) -> nn.Module:
         return DecoderLM(ModelConfig.from_dict(model_config))
     if kind == "classifier":
         return EncoderClassifier(ClassifierConfig.from_dict(model_config))
+    if kind == "encoder":
+        return Encoder(ModelConfig.from_dict(model_config))
     return EncoderDecoder(Seq2SeqConfig.from_dict(model_config))
 
 

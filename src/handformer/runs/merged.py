@@ -15,7 +15,7 @@ from pathlib import Path
 from handformer.nn.lora import merge_lora
 from handformer.runs.base import BASE_KEY, LORA_KEY
 from handformer.runs.files import RunFolderError
-from handformer.runs.folder import load_run, save_run
+from handformer.runs.folder import RUN_KINDS, load_run, save_run
 from handformer.runs.guard import RUN_FOLDERS, check_destination, folder_path, writing_folder
 
 __all__ = ["write_merged_run"]
@@ -38,7 +38,7 @@ def write_merged_run(src: str | Path, dst: str | Path, *, overwrite: bool = Fals
     check_destination(dst, spec, overwrite=overwrite)
     model = merge_lora(run.model)
     extra = {k: v for k, v in run.config.items()
-             if k not in (RUN_FOLDERS[run.kind].kind, "model", "classifier", "train", LORA_KEY,
+             if k not in (RUN_KINDS[run.kind][0], "train", LORA_KEY,
                           BASE_KEY)}
     extra["merged_from"] = {"path": str(src.resolve()), LORA_KEY: run.config[LORA_KEY],
                             BASE_KEY: run.config[BASE_KEY]}
