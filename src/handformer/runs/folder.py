@@ -11,8 +11,8 @@ What a folder holds is said by the one key of ``config.json`` that names its mod
 ``"model"`` (a ``DecoderLM``, written by ``handformer train``), ``"classifier"`` (an
 ``EncoderClassifier``, ``handformer classify train``) or ``"seq2seq"`` (an
 ``EncoderDecoder``, ``handformer seq2seq train``) or ``"encoder"`` (a bare pretrained
-``Encoder`` such as MiniLM, ``handformer convert --from hf``). ``load_run`` reads that key, rebuilds the
-model from its config and loads the weights strictly; nothing is unpickled.
+``Encoder`` such as MiniLM, ``handformer convert --from hf``). ``load_run`` reads that key,
+rebuilds the model from its config and loads the weights strictly; nothing is unpickled.
 
 A language model quantized to int8 (``models.quantize``; ``handformer convert --quantize
 int8``) is saved like any other: ``model.safetensors`` then holds each quantized layer's int8

@@ -81,7 +81,8 @@ from handformer.train.checkpoint import (
 
 __all__ = [
     "CHECKPOINTS", "CLASSIFIER_FOLDER", "CONFUSION", "ENCODER_FOLDER", "FOLDER_MARKER",
-    "LM_FOLDER", "LOSS_CURVE", "RUN_FOLDERS", "SEQ2SEQ_FOLDER", "TENSORBOARD", "FolderSpec", "FolderState",
+    "LM_FOLDER", "LOSS_CURVE", "RUN_FOLDERS", "SEQ2SEQ_FOLDER", "TENSORBOARD", "FolderSpec",
+    "FolderState",
     "check_destination", "check_in_place", "describe_run", "folder_path", "read_folder",
     "remove_if_ours", "writing_folder",
 ]
