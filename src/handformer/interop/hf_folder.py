@@ -7,8 +7,9 @@ listed by ``model.safetensors.index.json``, or the older ``pytorch_model.bin``) 
 
 ``import_hf_folder`` reads the family from ``model_type`` (``gpt2``; ``llama`` and
 ``mistral`` without a sliding window; ``qwen3``; ``bert``, written as an encoder run),
-checks the model against the memory budget before a byte of weights is read, checks every tensor's name, shape and dtype, and writes a
-run folder with the folder's own tokenizer and its special ids. ``export_hf_folder`` picks
+checks the model against the memory budget before a byte of weights is read, checks every
+tensor's name, shape and dtype, and writes a run folder with the folder's own tokenizer and
+its special ids. ``export_hf_folder`` picks
 the family a run's config is an exact twin in (``interop.families``) and writes a folder
 ``transformers`` loads with its own class — the folder vLLM serves and llama.cpp's
 converter reads.
