@@ -1,0 +1,98 @@
+"""``train --from`` / ``classify train --from`` / ``convert --merge-lora`` on the command line,
+in-process: the happy path end to end, and each bad input as one line on stderr with the
+documented exit code, changing no file."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from handformer.cli import main
+from handformer.jobs.lm import train_lm
+from tests.train.helpers import toy_text
+
+TEXT = toy_text(400)
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cli-base")
+    train_lm(TEXT, out_dir=root / "lm", preset="tiny", progress=False, sample_tokens=1,
+             train_overrides={"max_steps": 2, "eval_interval": 2, "batch_size": 4,
+                              "device": "cpu", "loss_curve": False})
+    (root / "more.txt").write_text(toy_text(200, seed=3), encoding="utf-8")
+    rows = ["text,label"] + [f"the {w} sees a {w},{w}" for w in ("cat", "dog") * 10]
+    (root / "rows.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (root / "one.csv").write_text("text,label\nthe cat,cat\na cat,cat\nthe cat sees,cat\n",
+                                  encoding="utf-8")
+    return root
+
+
+def _files(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+SHORT = ["--max-steps", "2", "--batch-size", "4", "--device", "cpu", "--no-progress"]
+
+
+def test_lora_from_the_command_line_end_to_end(base: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "ft"
+    assert main(["train", "--from", str(base / "lm"), "--data", str(base / "more.txt"),
+                 "--lora", "2", "--lora-targets", "attn", "--out", str(out), "--preset",
+                 "tiny", "--no-plot", *SHORT]) == 0
+    assert "LoRA r=2 on attn" in capsys.readouterr().out
+    assert main(["generate", "--run", str(out), "--prompt", "the ", "--max-new-tokens", "5",
+                 "--seed", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the ")
+    assert main(["convert", "--merge-lora", str(out), str(tmp_path / "merged")]) == 0
+    assert main(["classify", "train", "--from", str(base / "lm"), "--data",
+                 str(base / "rows.csv"), "--lora", "2", "--out", str(tmp_path / "cls"),
+                 *SHORT]) == 0
+    assert "trained" in capsys.readouterr().out
+    assert main(["classify", "predict", "--run", str(tmp_path / "cls"), "--text",
+                 "the cat sees a cat"]) == 0
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), [
+    (["train", "--from", "{lm}", "--data", "{more}", "--lora", "0"], 2,
+     "a LoRA rank is an integer >= 1; got 0"),
+    (["train", "--from", "{lm}", "--data", "{more}", "--lora", "-4"], 2,
+     "a LoRA rank is an integer >= 1; got -4"),
+    (["train", "--from", "{lm}", "--data", "{more}", "--lora", "4096"], 1,
+     "exceeds target 'q'"),
+    (["train", "--from", "{lm}", "--data", "{more}", "--lora", "2", "--lora-targets",
+      "q_proj"], 1, "match no layer of this model; it has q, k, v, qkv, o, up, down"),
+    (["train", "--data", "{more}", "--lora", "2"], 2, "give it with --from"),
+    (["train", "--from", "{lm}", "--data", "{more}", "--lora-alpha", "4"], 2,
+     "need(s) --lora R"),
+    (["train", "--from", "{lm}", "--data", "{more}", "--tokenizer", "bpe"], 2,
+     "--from takes the model and tokenizer from RUN"),
+    (["train", "--from", "{root}", "--data", "{more}"], 1, "is not a complete run folder"),
+    (["classify", "train", "--from", "{root}", "--data", "{rows}"], 1, "not a model folder"),
+    (["classify", "train", "--from", "{lm}", "--data", "{one}"], 1, "class"),
+    (["classify", "train", "--from", "{lm}", "--data", "{rows}", "--lora", "2",
+      "--lora-targets", "gate"], 1, "['gate'] match no layer"),
+    (["convert", "--merge-lora", "{lm}", "{root}/merged"], 1, "no LoRA adapters to merge"),
+])
+def test_bad_input_is_one_line_and_changes_nothing(base: Path, argv: list[str], code: int,
+                                                   message: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    paths = {"lm": base / "lm", "more": base / "more.txt", "rows": base / "rows.csv",
+             "one": base / "one.csv", "root": base}
+    before = _files(base)
+    capsys.readouterr()
+    args = [a.format(**{k: str(v) for k, v in paths.items()}) for a in argv]
+    try:  # argparse's own errors exit; the commands' refusals return their code
+        result = main([*args, "--out", str(base / "new")] if argv[0] != "convert" else args)
+    except SystemExit as exit_:
+        result = exit_.code  # type: ignore[assignment]
+    assert result == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and message in err[-1], err
+    assert all(line.startswith("handformer ") for line in err), err
+    assert _files(base) == before
+    assert not (base / "new").exists()
