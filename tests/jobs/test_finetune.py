@@ -16,9 +16,13 @@ from safetensors.torch import load_file
 
 from handformer.config import ModelConfig
 from handformer.data.classification import DatasetError
-from handformer.jobs.classify import ClassifyData, finetune_classifier, predict_texts
+from handformer.jobs.classify import (
+    ClassifyData,
+    LoadedClassifier,
+    finetune_classifier,
+    predict_texts,
+)
 from handformer.jobs.lm import finetune_lm, resume_lm, train_lm
-from handformer.jobs.classify import LoadedClassifier
 from handformer.models.encoder import Encoder
 from handformer.nn.lora import LoRAConfig, LoRAError
 from handformer.runs import RunFolderError, load_run, save_run
@@ -208,7 +212,7 @@ def test_a_classifier_needs_two_classes_and_known_characters(encoder_run: Path,
     pretrained = load_run(encoder_run)
     kw = dict(base_dir=encoder_run, base_kind="encoder", out_dir=tmp_path / "cls",
               progress=False)
-    with pytest.raises(DatasetError, match="one class|only one|1 class"):
+    with pytest.raises(DatasetError, match="has one class only"):
         finetune_classifier(_data(("same",)), pretrained.model, pretrained.tokenizer, **kw)
     data = _data()
     data.train_texts[0] = "QQQ zebra"
