@@ -481,7 +481,7 @@ def finetune_lm(
     """Continue the language model of the run ``base_dir`` on ``text``, with its own
     tokenizer: every weight (``lora=None``) or only LoRA adapters, which are then all the new
     run folder stores. The training recipe is ``preset``'s with ``train_overrides`` (its
-    window cut to the model's). The new run records the base (path, weights hash)."""
+    window cut to the model's; with LoRA the optimizer is AdamW unless the overrides say). The new run records the base (path, weights hash)."""
     base_dir = Path(base_dir)
     out = folder_path(out_dir)
     if out.exists() and base_dir.exists() and out.resolve() == base_dir.resolve():
@@ -496,8 +496,11 @@ def finetune_lm(
     check_text_fits(tokenizer, text, data_source or "the text")
     model: DecoderLM = base.model  # type: ignore[assignment]
     model_cfg = model.config
+    overrides = dict(train_overrides or {})
+    if lora is not None:  # LoRA's factors train with AdamW, as PEFT's do, unless told otherwise
+        overrides.setdefault("optimizer", "adamw")
     train_cfg = build_train_config(preset, {"block_size": min(
-        build_train_config(preset).block_size, model_cfg.max_len), **(train_overrides or {})})
+        build_train_config(preset).block_size, model_cfg.max_len), **overrides})
     if train_cfg.block_size > model_cfg.max_len:
         raise ValueError(f"block_size={train_cfg.block_size} exceeds the base model's "
                          f"max_len={model_cfg.max_len}")
