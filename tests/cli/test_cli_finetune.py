@@ -96,3 +96,47 @@ def test_bad_input_is_one_line_and_changes_nothing(base: Path, argv: list[str], 
     assert all(line.startswith("handformer ") for line in err), err
     assert _files(base) == before
     assert not (base / "new").exists()
+
+
+def test_a_lora_run_leaves_merged_for_transformers_and_as_a_peft_adapter(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Llama-family base: `convert --to hf` of the LoRA run is the merged model,
+    `convert --to peft` its adapter, which PEFT puts on the exported base — the same logits
+    three ways; int8 and the explorer load it too."""
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    import torch
+
+    from handformer.explore.run import load_explore_run
+    from handformer.interop.families import FAMILY_ARCHITECTURE
+    from handformer.runs import load_run
+
+    train_lm(TEXT, out_dir=tmp_path / "base", preset="tiny", progress=False, sample_tokens=1,
+             model_overrides=FAMILY_ARCHITECTURE["llama"],
+             train_overrides={"max_steps": 2, "eval_interval": 2, "batch_size": 4,
+                              "device": "cpu", "loss_curve": False})
+    (tmp_path / "more.txt").write_text(toy_text(200, seed=3), encoding="utf-8")
+    assert main(["train", "--from", str(tmp_path / "base"), "--data", str(tmp_path / "more.txt"),
+                 "--lora", "2", "--lora-targets", "all-linear", "--lr", "0.05", "--out",
+                 str(tmp_path / "ft"), "--preset", "tiny", "--no-plot", *SHORT]) == 0
+    for argv in (["--to", "hf", "ft", "ft-hf"], ["--to", "hf", "base", "base-hf"],
+                 ["--to", "peft", "ft", "ft-peft"]):
+        assert main(["convert", argv[0], argv[1], str(tmp_path / argv[2]),
+                     str(tmp_path / argv[3])]) == 0
+    ours = load_run(tmp_path / "ft", kind="lm").model
+    ids = torch.randint(0, ours.config.vocab_size, (2, 12))
+    merged = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "ft-hf").eval()
+    base = transformers.LlamaForCausalLM.from_pretrained(tmp_path / "base-hf")
+    adapted = peft.PeftModel.from_pretrained(base, tmp_path / "ft-peft").eval()
+    with torch.no_grad():
+        expected = ours(ids)
+        assert (expected - load_run(tmp_path / "base").model(ids)).abs().max() > 1e-3
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(adapted(input_ids=ids).logits, expected, rtol=1e-4,
+                                   atol=1e-4)
+    assert main(["generate", "--run", str(tmp_path / "ft"), "--quantize", "int8", "--prompt",
+                 "the ", "--max-new-tokens", "3"]) == 0
+    assert main(["convert", "--quantize", "int8", str(tmp_path / "ft"),
+                 str(tmp_path / "int8")]) == 1
+    assert "merge it first" in capsys.readouterr().err
+    assert load_explore_run(tmp_path / "ft").kind == "lm"

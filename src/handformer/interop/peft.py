@@ -132,19 +132,20 @@ def peft_target_modules(templates: list[str]) -> str:
 
 
 def write_adapter_folder(model: nn.Module, out: str | Path, config: LoRAConfig, *,
-                         base: str = "") -> Path:
-    """Write ``model``'s adapters as a PEFT LoRA folder in ``out`` (created; an existing
-    adapter folder's two files are replaced, any other file there is refused).
-    ``base`` is recorded as ``base_model_name_or_path``."""
+                         base: str = "", overwrite: bool = False) -> Path:
+    """Write ``model``'s adapters as a PEFT LoRA folder in ``out``: a new or empty folder, or
+    (``overwrite``) an adapter folder whose two files are replaced; a folder holding any other
+    file is refused either way. ``base`` is recorded as ``base_model_name_or_path``."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConversionError(f"{out} is a file; give a folder for the adapter")
     if out.is_dir():
-        foreign = sorted(p.name for p in out.iterdir()
-                         if p.name not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS))
-        if foreign:
-            raise ConversionError(f"{out} holds files that are not an adapter's ({foreign[:5]}); "
-                                  "give a new or empty folder")
+        names = sorted(p.name for p in out.iterdir())
+        foreign = [n for n in names if n not in (ADAPTER_CONFIG, ADAPTER_WEIGHTS)]
+        if foreign or (names and not overwrite):
+            raise ConversionError(f"{out} is not empty ({names[:5]}); give a new or empty "
+                                  "folder" + ("" if foreign else ", or --overwrite to replace "
+                                              "the adapter there"))
     state, templates, family = to_peft_state_dict(model)
     peft_config: dict[str, Any] = {
         "peft_type": "LORA", "task_type": _TASK_TYPES[family], "r": config.r,

@@ -481,7 +481,8 @@ def finetune_lm(
     """Continue the language model of the run ``base_dir`` on ``text``, with its own
     tokenizer: every weight (``lora=None``) or only LoRA adapters, which are then all the new
     run folder stores. The training recipe is ``preset``'s with ``train_overrides`` (its
-    window cut to the model's; with LoRA the optimizer is AdamW unless the overrides say). The new run records the base (path, weights hash)."""
+    window cut to the model's; with LoRA the optimizer is AdamW unless the overrides say).
+    The new run records the base (path, weights hash)."""
     base_dir = Path(base_dir)
     out = folder_path(out_dir)
     if out.exists() and base_dir.exists() and out.resolve() == base_dir.resolve():
