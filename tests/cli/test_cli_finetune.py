@@ -98,6 +98,7 @@ def test_bad_input_is_one_line_and_changes_nothing(base: Path, argv: list[str], 
     assert not (base / "new").exists()
 
 
+@pytest.mark.slow  # ~13 s: two transformers exports and PEFT
 def test_a_lora_run_leaves_merged_for_transformers_and_as_a_peft_adapter(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A Llama-family base: `convert --to hf` of the LoRA run is the merged model,
