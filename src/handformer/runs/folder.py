@@ -269,6 +269,9 @@ def _load_lora_run(run_dir: Path, kind: RunKind, config: dict[str, Any], device:
     base = load_run(base_dir, device=device)
     if LORA_KEY in base.config:
         raise RunFolderError(f"{where}: its base {base_dir} is itself a LoRA run")
+    if kind == "lm" and base.kind != "lm":
+        raise RunFolderError(f"{where}: a language-model run's base must be one too; "
+                             f"{base_dir} holds a {base.kind} run")
     key = RUN_KINDS[kind][0]
     try:
         model = base.model if kind == "lm" else _build(kind, config[key])
@@ -294,4 +297,7 @@ def _load_lora_run(run_dir: Path, kind: RunKind, config: dict[str, Any], device:
             labels = LabelVocab.load(run_dir / LABELS)
         except (DatasetError, ValueError, OSError) as err:
             raise RunFolderError(f"{run_dir / LABELS}: cannot read the labels ({err})") from None
+        if len(labels) != model.config.num_classes:  # type: ignore[union-attr]
+            raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
+                                 f"model has {model.config.num_classes} classes")  # type: ignore[union-attr]
     return Run(run_dir, kind, model.eval(), tokenizer, config, labels)
