@@ -497,6 +497,9 @@ def finetune_lm(
     if LORA_KEY in base.config:
         raise ValueError(f"{base_dir} is itself a LoRA run; merge it first (handformer convert "
                          f"--merge-lora {base_dir} DST) and start from DST")
+    if "quantization" in base.config:
+        raise ValueError(f"{base_dir} holds int8 weights; fine-tune the float run it was "
+                         f"quantized from ({base.config.get('quantized_from', 'its source')})")
     tokenizer = base.tokenizer
     check_text_fits(tokenizer, text, data_source or "the text")
     model: DecoderLM = base.model  # type: ignore[assignment]
