@@ -308,6 +308,9 @@ def _train(args: argparse.Namespace) -> tuple[int, Any]:
         print(f"best validation loss: {r.best_val_loss:.4f} at step {r.best_step}")
     if r.nonfinite_steps:
         print(f"skipped steps (non-finite loss or gradient): {r.nonfinite_steps}")
+    trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    if trained != run.model.num_parameters():  # LoRA: only the adapters trained
+        print(f"trained {trained:,} of {run.model.num_parameters():,} parameters (LoRA)")
     print(f"run folder: {run.run_dir}")
     if run.dist.is_distributed:
         print(f"trained on {run.dist.world_size} processes ({run.train_config.strategy}), "
