@@ -416,7 +416,8 @@ def _sub_config(value: Any, where: str) -> ModelConfig:
         raise ValueError(f"{where}: {err}") from None
 
 
-POOLING_KINDS: tuple[str, ...] = ("cls", "mean")  # how a classifier summarises a sequence
+# How a classifier summarises a sequence; "last" is a causal (decoder) trunk's last real token.
+POOLING_KINDS: tuple[str, ...] = ("cls", "mean", "last")
 
 
 @dataclass
@@ -425,13 +426,16 @@ class ClassifierConfig:
 
     ``encoder.tie_weights`` is unused (an encoder has no output vocabulary). With
     ``pooling="cls"`` the data pipeline prepends ``<bos>`` so the first token is a
-    dedicated summary slot, as BERT's [CLS].
+    dedicated summary slot, as BERT's [CLS]. ``causal=True`` runs the trunk with a causal
+    mask — a decoder LM's body (its head dropped) turned classifier — and then only the last
+    real token has read the whole text, so it pools ``"last"``.
     """
 
     encoder: ModelConfig
     num_classes: int
     pooling: str = "cls"
     head_dropout: float = 0.0
+    causal: bool = False
 
     def __post_init__(self) -> None:
         self.encoder = _sub_config(self.encoder, "ClassifierConfig.encoder")
@@ -444,11 +448,15 @@ class ClassifierConfig:
         if not 0.0 <= self.head_dropout < 1.0:
             raise ValueError(f"ClassifierConfig.head_dropout must be in [0, 1); got "
                              f"{self.head_dropout}")
+        if self.causal and self.pooling != "last":
+            raise ValueError(f"a causal classifier pools its last real token (the only one "
+                             f"that saw the whole text): pooling='last', not {self.pooling!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (the encoder's config nested), as saved in config.json."""
         return {"encoder": self.encoder.to_dict(), "num_classes": self.num_classes,
-                "pooling": self.pooling, "head_dropout": self.head_dropout}
+                "pooling": self.pooling, "head_dropout": self.head_dropout,
+                **({"causal": True} if self.causal else {})}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ClassifierConfig:

@@ -55,9 +55,13 @@ def test_folder_errors_name_what_is_missing(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConversionError, match=r"no config\.json"):
         import_hf_folder(tmp_path / "empty", tmp_path / "run")
-    (tmp_path / "bert").mkdir()
+    (tmp_path / "t5").mkdir()
+    (tmp_path / "t5" / "config.json").write_text('{"model_type": "t5"}')
+    with pytest.raises(ConversionError, match="model_type='t5'"):
+        import_hf_folder(tmp_path / "t5", tmp_path / "run")
+    (tmp_path / "bert").mkdir()  # BERT imports as an encoder run: its files must be there
     (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
-    with pytest.raises(ConversionError, match="model_type='bert'"):
+    with pytest.raises(ConversionError, match=r"not a BERT-style folder: missing \['model"):
         import_hf_folder(tmp_path / "bert", tmp_path / "run")
     tok = CharTokenizer.from_text("abc")
     rope = DecoderLM(tiny_config(vocab_size=tok.vocab_size, positional="rope"))

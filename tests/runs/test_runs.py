@@ -105,7 +105,7 @@ def test_classifier_labels_must_match_its_classes(tmp_path: Path) -> None:
 def test_labels_go_with_classifiers_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="labels are saved with"):
         save_run(tmp_path / "run", make("lm"), TOK, labels=LabelVocab(["a", "b"]))
-    with pytest.raises(TypeError, match="DecoderLM, EncoderClassifier or EncoderDecoder"):
+    with pytest.raises(TypeError, match="DecoderLM, EncoderClassifier, EncoderDecoder or Encoder"):
         save_run(tmp_path / "run", torch.nn.Linear(2, 2), TOK)
 
 

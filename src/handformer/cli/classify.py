@@ -21,6 +21,7 @@ from handformer.cli.common import (
     reporting,
     training_overrides,
 )
+from handformer.cli.finetune import add_lora_options, lora_config
 
 __all__ = ["register"]
 
@@ -51,8 +52,17 @@ def register(subparsers: Any) -> None:
     ct.add_argument("--seq-len", type=positive_int, default=None,
                     help="built-in task only: longest generated string (default 64); "
                          "lengths are drawn from [seq_len/2, seq_len]")
-    ct.add_argument("--pooling", choices=("cls", "mean"), default="cls",
-                    help="first token (<bos>) or mean over real tokens (default cls)")
+    ct.add_argument("--pooling", choices=("cls", "mean", "last"), default=None,
+                    help="first token (<bos>), mean over real tokens, or (a decoder --from) "
+                         "the last real token (default cls; with --from: mean for an "
+                         "encoder, last for a decoder)")
+    ct.add_argument("--from", dest="from_", type=folder_arg, default=None,
+                    metavar="RUN_OR_HF_FOLDER",
+                    help="start from a pretrained model and its tokenizer: an encoder (a "
+                         "BERT/MiniLM Hugging Face folder, or its `convert --from hf` run), a "
+                         "language-model run (last-token pooling) or a classifier run; a new "
+                         "head is trained for --data's labels")
+    add_lora_options(ct, "q,v")
     ct.add_argument("--positional", choices=("learned", "sinusoidal", "rope", "alibi"),
                     default=None, help="position scheme (default rope)")
     ct.add_argument("--no-bucket", action="store_true",
@@ -82,6 +92,12 @@ def _classify_train(args: argparse.Namespace) -> int:
     from handformer.config import CLASSIFY_PRESET
     from handformer.jobs.classify import builtin_brackets_data, file_data, train_classifier
 
+    if args.from_ is not None:
+        return _classify_from(args)
+    lora_config(args, "q,v")  # LoRA options without --from are refused
+    if args.pooling == "last":
+        raise UsageError("--pooling last is for a decoder's body: give the LM run with --from")
+    args.pooling = args.pooling or "cls"
     model_overrides, train_overrides = training_overrides(args)
     if args.positional is not None:
         model_overrides["positional"] = args.positional
@@ -109,6 +125,69 @@ def _classify_train(args: argparse.Namespace) -> int:
                            model_overrides=model_overrides, train_overrides=train_overrides,
                            pooling=args.pooling, bucket=not args.no_bucket,
                            progress=not args.no_progress, overwrite=args.overwrite)
+    _report(run)
+    return 0
+
+
+def _load_base(folder: Path) -> tuple[Any, Any, str]:
+    """(model, tokenizer, kind) of a pretrained model: a handformer run folder (lm,
+    classifier or encoder) or a Hugging Face BERT folder (kind ``hf-bert``)."""
+    from handformer.interop.bert import load_bert_folder
+    from handformer.interop.files import read_config
+    from handformer.runs import RunFolderError, load_run, run_kind
+    from handformer.runs.files import read_json
+
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise RunFolderError(f"--from {folder} is not a model folder: it has no config.json "
+                             "(give a handformer run folder or a Hugging Face BERT folder)")
+    config = read_json(config_path)
+    if any(isinstance(config.get(k), dict) for k in ("model", "classifier", "seq2seq",
+                                                     "encoder")):
+        if "lora" in config:
+            raise RunFolderError(f"--from {folder} is itself a LoRA run; merge it first "
+                                 f"(handformer convert --merge-lora {folder} DST)")
+        run_kind(config, config_path)
+        run = load_run(folder, kind=("lm", "classifier", "encoder"))
+        return run.model, run.tokenizer, run.kind
+    model_type = read_config(config_path).get("model_type")
+    if model_type != "bert":
+        raise RunFolderError(f"--from {folder}: a Hugging Face {model_type!r} folder; import it "
+                             f"first (handformer convert --from hf {folder} DIR) and give DIR")
+    model, tokenizer = load_bert_folder(folder)
+    return model, tokenizer, "hf-bert"
+
+
+def _classify_from(args: argparse.Namespace) -> int:
+    """``classify train --from``: a pretrained trunk, its tokenizer and a new head."""
+    from handformer.jobs.classify import file_data, finetune_classifier
+
+    given = [f"--{n.replace('_', '-')}" for n in ("positional", "seq_len", "norm", "d_model",
+                                                  "n_layers") if getattr(args, n) is not None]
+    if given:
+        raise UsageError(f"--from takes the model from the pretrained folder; drop {given}")
+    if args.data is None:
+        raise UsageError("--from needs --data, the labelled rows to fine-tune on")
+    lora = lora_config(args, "q,v")
+    _, train_overrides = training_overrides(args)
+    data = file_data(args.data, val_path=args.val, text_col=args.text_col,
+                     label_col=args.label_col, val_fraction=args.val_fraction,
+                     seed=args.seed or 0)
+    model, tokenizer, kind = _load_base(args.from_)
+    how = "full fine-tuning" if lora is None else f"LoRA r={lora.r} on {','.join(lora.targets)}"
+    print(f"fine-tuning a classifier from {args.from_} ({kind}) on {data.source}: "
+          f"{len(data.train_texts):,} training and {len(data.val_texts):,} validation texts, "
+          f"{how}", flush=True)
+    run = finetune_classifier(data, model, tokenizer, base_dir=args.from_, base_kind=kind,
+                              out_dir=args.out, max_len=args.max_len, lora=lora,
+                              pooling=args.pooling, train_overrides=train_overrides,
+                              bucket=not args.no_bucket, progress=not args.no_progress,
+                              overwrite=args.overwrite)
+    _report(run)
+    return 0
+
+
+def _report(run: Any) -> None:
     s = run.summary
     print(f"\nparameters: {s['parameters']:,}   steps: {run.result.steps}   "
           f"time: {s['seconds']:.1f}s")
@@ -118,8 +197,9 @@ def _classify_train(args: argparse.Namespace) -> int:
           f"{', '.join(run.labels.labels)}):")
     for row in s["confusion"]:
         print("  " + " ".join(f"{n:>6}" for n in row))
+    if s["trainable_parameters"] != s["parameters"]:
+        print(f"trained {s['trainable_parameters']:,} of {s['parameters']:,} parameters")
     print(f"run folder: {run.run_dir}")
-    return 0
 
 
 def _classify_predict(args: argparse.Namespace) -> int:

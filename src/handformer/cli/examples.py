@@ -31,6 +31,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "torchrun --standalone --nproc_per_node=2 -m handformer train --strategy fsdp  # sharded",
         "handformer train --data tinyshakespeare.txt --preset shakespeare-fast   # val 1.88 fast",
         "handformer train --draft-for runs/default --out runs/default-draft   # a 2-layer draft",
+        "handformer train --from runs/default --data more.txt --lora 8 --out runs/default-lora",
     ),
     "generate": (
         "handformer generate --run runs/default --prompt \"The \" --temperature 0.8 --top-k 20",
@@ -49,6 +50,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer classify train                        # built-in task: chance is 50 %",
         "handformer classify train --data reviews.csv --text-col text --label-col label",
         "handformer classify train --pooling mean --positional rope --max-steps 300",
+        "handformer classify train --from runs/minilm --data rows.csv --lora 8 --lr 1e-3",
     ),
     "classify predict": (
         "handformer classify predict --run runs/classify --text \"(()())\" --text \"(()\"",
@@ -84,6 +86,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer convert --to onnx runs/default out/lm.onnx           # ids → logits",
         "handformer convert --to onnx --with-cache runs/default out/lm-cached.onnx",
         "handformer convert --quantize int8 runs/default runs/default-int8   # int8 run folder",
+        "handformer convert --merge-lora runs/default-lora runs/default-merged   # LoRA folded in",
     ),
     "bench": (
         "handformer bench --quick                         # all benchmarks, tiny sizes",

@@ -156,6 +156,10 @@ def run_generate(args: argparse.Namespace) -> int:
         model = model.to(getattr(torch, args.dtype))
         draft = None if draft is None else draft.to(getattr(torch, args.dtype))
     if args.quantize is not None:
+        if "lora" in run.config:  # int8 goes on the merged weights, adapters folded in
+            from handformer.nn.lora import merge_lora
+
+            model = merge_lora(model)
         model = _quantized(model, None if draft is None else
                            args.speculate or DEFAULT_SPECULATE, use_cache=not args.no_cache)
     sampling: dict[str, Any] = dict(temperature=args.temperature, top_k=args.top_k,

@@ -20,6 +20,7 @@ from handformer.cli.common import (
     positive_int,
     seed_int,
 )
+from handformer.cli.finetune import add_lora_options, lora_config
 
 __all__ = ["register"]
 
@@ -50,6 +51,11 @@ def register(sub: Any) -> None:
                        help="train a draft for speculative decoding (`generate --draft`): "
                        "RUN_DIR's tokenizer, window and training text (unless --data), and "
                        "the preset 'draft' unless --preset says otherwise")
+    train.add_argument("--from", dest="from_", type=folder_arg, default=None, metavar="RUN",
+                       help="continue the language model of RUN (a run of `train`, or a "
+                       "Hugging Face folder imported with `convert --from hf`) on --data, "
+                       "with its own tokenizer; every weight, or only --lora adapters")
+    add_lora_options(train, "q,v")
     add_overwrite_option(train, "--out")
     train.add_argument("--tokenizer", choices=("char", "bpe"), default=None,
                        help="characters (default) or a byte-level BPE learned on the text")
@@ -219,6 +225,33 @@ def _train_draft(args: argparse.Namespace, say: Any) -> Any:
         data_source=target.data_source)
 
 
+# What --from takes from the base run, so cannot be given.
+_FROM_REFUSED = ("tokenizer", "vocab_size", "attention", "positional", "family", "dropout",
+                 "draft_for")
+
+
+def _train_from(args: argparse.Namespace, say: Any) -> Any:
+    """``--from RUN``: the base run's model and tokenizer, trained further on ``--data``."""
+    from handformer.data.corpora import read_text_file
+    from handformer.jobs.lm import finetune_lm
+
+    refused = [f"--{k.replace('_', '-')}" for k in _FROM_REFUSED if getattr(args, k)]
+    if refused:
+        raise UsageError(f"--from takes the model and tokenizer from RUN; drop {refused}")
+    if args.data is None:
+        raise UsageError("--from needs --data, the text to continue the model on")
+    lora = lora_config(args, "q,v")
+    preset = args.preset or "default"
+    text = read_text_file(args.data)
+    how = "full fine-tuning" if lora is None else f"LoRA r={lora.r} on {','.join(lora.targets)}"
+    say(f"fine-tuning {args.from_} on {args.data} ({len(text):,} characters), {how}",
+        flush=True)
+    return finetune_lm(args.from_, text, out_dir=args.out or Path("runs/finetune"), lora=lora,
+                       preset=preset, train_overrides=_train_overrides(args),
+                       progress=not args.no_progress, overwrite=args.overwrite,
+                       data_source=str(args.data.resolve()))
+
+
 def _model_overrides(args: argparse.Namespace) -> dict[str, object]:
     from handformer.interop.families import FAMILY_ARCHITECTURE
 
@@ -248,9 +281,12 @@ def _train(args: argparse.Namespace) -> tuple[int, Any]:
             run = resume_lm(args.resume, max_steps=args.max_steps,
                                  progress=not args.no_progress, strategy=args.strategy)
             say(f"resumed from step {run.resumed_from}")
+        elif args.from_ is not None:
+            run = _train_from(args, say)
         elif args.draft_for is not None:
             run = _train_draft(args, say)
         else:
+            lora_config(args, "q,v")  # LoRA options without --from are refused
             preset = args.preset or "default"
             _check_options(args, preset)
             text = builtin_text() if args.data is None else read_text_file(args.data)
@@ -277,6 +313,9 @@ def _train(args: argparse.Namespace) -> tuple[int, Any]:
         print(f"best validation loss: {r.best_val_loss:.4f} at step {r.best_step}")
     if r.nonfinite_steps:
         print(f"skipped steps (non-finite loss or gradient): {r.nonfinite_steps}")
+    trained = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
+    if trained != run.model.num_parameters():  # LoRA: only the adapters trained
+        print(f"trained {trained:,} of {run.model.num_parameters():,} parameters (LoRA)")
     print(f"run folder: {run.run_dir}")
     if run.dist.is_distributed:
         print(f"trained on {run.dist.world_size} processes ({run.train_config.strategy}), "

@@ -6,9 +6,10 @@ listed by ``model.safetensors.index.json``, or the older ``pytorch_model.bin``) 
 ``torch.load(weights_only=True)`` for ``.bin`` files. bf16 checkpoints are widened to fp32.
 
 ``import_hf_folder`` reads the family from ``model_type`` (``gpt2``; ``llama`` and
-``mistral`` without a sliding window; ``qwen3``), checks the model against the memory budget
-before a byte of weights is read, checks every tensor's name, shape and dtype, and writes a
-run folder with the folder's own tokenizer and its special ids. ``export_hf_folder`` picks
+``mistral`` without a sliding window; ``qwen3``; ``bert``, written as an encoder run),
+checks the model against the memory budget before a byte of weights is read, checks every
+tensor's name, shape and dtype, and writes a run folder with the folder's own tokenizer and
+its special ids. ``export_hf_folder`` picks
 the family a run's config is an exact twin in (``interop.families``) and writes a folder
 ``transformers`` loads with its own class — the folder vLLM serves and llama.cpp's
 converter reads.
@@ -50,8 +51,9 @@ from handformer.interop.llama import (
 )
 from handformer.models.budget import check_model_fits
 from handformer.models.decoder_lm import DecoderLM
+from handformer.nn.lora import merge_lora
 from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
-from handformer.runs.guard import remove_if_ours
+from handformer.runs.guard import ENCODER_FOLDER, remove_if_ours
 from handformer.tokenizers import HFTokenizer, Tokenizer
 
 __all__ = ["HF_FOLDER", "SUPPORTED_MODEL_TYPES", "export_hf_folder", "import_hf_folder"]
@@ -63,7 +65,7 @@ __all__ = ["HF_FOLDER", "SUPPORTED_MODEL_TYPES", "export_hf_folder", "import_hf_
 HF_FOLDER = FolderSpec("hf", "a Hugging Face model folder", "handformer convert --to hf",
                        ("model.safetensors", "model.safetensors.tmp", "config.json",
                         *TOKENIZER_FILES, "handformer_tokenizer.json"))
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("gpt2", *LLAMA_MODEL_TYPES)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("gpt2", *LLAMA_MODEL_TYPES, "bert")
 
 
 def _distinct(src: Path, dst: Path) -> None:
@@ -143,8 +145,10 @@ def import_hf_folder(src: str | Path, run_dir: str | Path, *,
     src, run_dir = Path(src), folder_path(run_dir)
     spec = dataclasses.replace(LM_FOLDER, command="handformer convert --from hf")
     _distinct(src, run_dir)
-    check_destination(run_dir, spec, overwrite=overwrite)
     config_path = src / "config.json"
+    if config_path.is_file() and read_config(config_path).get("model_type") == "bert":
+        return _import_bert(src, run_dir, overwrite=overwrite)  # an encoder (MiniLM)
+    check_destination(run_dir, spec, overwrite=overwrite)
     if not config_path.is_file():
         raise ConversionError(f"{src} has no config.json; expected a Hugging Face model folder")
     hf_config = read_config(config_path)
@@ -171,6 +175,19 @@ def import_hf_folder(src: str | Path, run_dir: str | Path, *,
     chat_template = _chat_template(src)
     if chat_template is not None:
         extra["chat_template"] = chat_template
+    with writing_folder(run_dir, spec, overwrite=overwrite):
+        return save_run(run_dir, model, tokenizer, extra=extra)
+
+
+def _import_bert(src: Path, run_dir: Path, *, overwrite: bool) -> Path:
+    """A BERT folder → an encoder run folder (weights, config, its WordPiece tokenizer)."""
+    from handformer.interop.bert import load_bert_folder
+    from handformer.runs import save_run
+
+    spec = ENCODER_FOLDER
+    check_destination(run_dir, spec, overwrite=overwrite)
+    model, tokenizer = load_bert_folder(src)
+    extra = {"converted_from": str(src.resolve()), "hf_model_type": "bert"}
     with writing_folder(run_dir, spec, overwrite=overwrite):
         return save_run(run_dir, model, tokenizer, extra=extra)
 
@@ -214,6 +231,8 @@ def export_hf_folder(run_dir: str | Path, out: str | Path, *,
         raise ConversionError(f"{run_dir} holds int8 weights (written by convert --quantize); "
                               "Hugging Face folders are written from the fp32 run it was "
                               f"quantized from ({run.config.get('quantized_from', 'its source')})")
+    if "lora" in run.config:  # a LoRA run leaves as the merged model (W + scale·B·A)
+        model = merge_lora(model)  # type: ignore[assignment]
     family = pick_family(model.config)
     hf_config, state = _hf_config_and_state(model, family)
     has_pad = not isinstance(tokenizer, HFTokenizer) or tokenizer.pad_token_id is not None

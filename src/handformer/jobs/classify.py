@@ -35,6 +35,7 @@ from handformer.data import Batch
 from handformer.data.classification import (
     ClassificationBatches,
     DatasetError,
+    DataWarning,
     LabelVocab,
     encode_texts,
     read_examples,
@@ -42,7 +43,9 @@ from handformer.data.classification import (
 from handformer.data.tasks import BRACKETS_CHANCE, brackets_examples
 from handformer.loss import classification_loss
 from handformer.models.budget import Estimate, check_fits, check_training
+from handformer.models.decoder_lm import DecoderLM
 from handformer.models.encoder import EncoderClassifier
+from handformer.nn.lora import LoRAConfig, apply_lora, trainable_parameters
 from handformer.runs import (
     CLASSIFIER_FOLDER,
     Run,
@@ -52,9 +55,10 @@ from handformer.runs import (
     save_run,
     writing_folder,
 )
+from handformer.runs.base import BASE_KEY, LORA_KEY, base_record, copy_base_weights
 from handformer.runs.files import METRICS, SUMMARY, write_json
 from handformer.runs.guard import CONFUSION
-from handformer.tokenizers import CharTokenizer
+from handformer.tokenizers import CharTokenizer, Tokenizer
 from handformer.train.callbacks import MetricsWriter
 from handformer.train.trainer import Trainer, TrainResult, pick_device
 
@@ -65,8 +69,10 @@ __all__ = [
     "Prediction",
     "builtin_brackets_data",
     "confusion_matrix",
+    "encode_for",
     "evaluate_classifier",
     "file_data",
+    "finetune_classifier",
     "load_classifier_run",
     "plot_confusion",
     "predict_texts",
@@ -272,8 +278,6 @@ def train_classifier(
         check_destination(run_dir, CLASSIFIER_FOLDER, overwrite=overwrite)
     tokenizer = CharTokenizer.from_text("".join(data.train_texts))
     labels = LabelVocab.from_labels(data.train_labels, source="the training data")
-    train_y = labels.encode(data.train_labels, source="the training data")
-    val_y = labels.encode(data.val_labels, source="the validation data")
     train_ids = encode_texts(data.train_texts, tokenizer, max_len, source="training data")
     val_ids = encode_texts(data.val_texts, tokenizer, max_len, source="validation data")
 
@@ -282,14 +286,30 @@ def train_classifier(
     model_cfg = ModelConfig.from_dict({**CLASSIFY_PRESET.model, **(model_overrides or {}),
                                        "vocab_size": tokenizer.vocab_size, "max_len": max_len})
     config = ClassifierConfig(model_cfg, num_classes=len(labels), pooling=pooling)
+    _check_fits(config, train_cfg, train_ids, val_ids)
+    torch.manual_seed(train_cfg.seed)
+    model = EncoderClassifier(config)
+    return _fit(data, model, tokenizer, labels, train_ids, val_ids, train_cfg, run_dir,
+                bucket=bucket, progress=progress, overwrite=overwrite, max_len=max_len)
+
+
+def _check_fits(config: ClassifierConfig, train_cfg: TrainConfig, train_ids: list[list[int]],
+                val_ids: list[list[int]]) -> None:
     # Batches are padded to their longest text, so the longest text (not max_len) sizes them.
     longest = max((len(ids) for ids in (*train_ids, *val_ids)), default=1)
     check_training(config, train_cfg.batch_size, longest, pick_device(train_cfg.device),
                    hint="use a smaller --batch-size or --max-len, or a smaller model "
                         "(--d-model, --n-layers)")
-    torch.manual_seed(train_cfg.seed)
-    model = EncoderClassifier(config)
 
+
+def _fit(data: ClassifyData, model: EncoderClassifier, tokenizer: Tokenizer, labels: LabelVocab,
+         train_ids: list[list[int]], val_ids: list[list[int]], train_cfg: TrainConfig,
+         run_dir: Path | None, *, bucket: bool, progress: bool, overwrite: bool, max_len: int,
+         start: dict[str, Any] | None = None) -> ClassifierRun:
+    """Train ``model`` (all of it, or what LoRA left trainable), evaluate it and write the
+    run folder; ``start`` is what a fine-tuned run records of its base (``runs.base``)."""
+    train_y = labels.encode(data.train_labels, source="the training data")
+    val_y = labels.encode(data.val_labels, source="the validation data")
     train_batches = ClassificationBatches(train_ids, train_y, train_cfg.batch_size,
                                           bucket=bucket, pad_id=tokenizer.pad_id)
     val_batches = ClassificationBatches(val_ids, val_y, train_cfg.batch_size, bucket=True,
@@ -301,7 +321,7 @@ def train_classifier(
                                       None if run_dir is None else run_dir / METRICS)
         trainer = Trainer(model, train_cfg, train_batch=train_batches, val_batches=val_batches,
                           loss_fn=classification_loss, callbacks=[evaluator], progress=progress)
-        start = time.perf_counter()
+        start_time = time.perf_counter()
         result = trainer.fit()
         report = evaluate_classifier(model, val_batches)
         counts = torch.bincount(torch.tensor(val_y), minlength=len(labels))
@@ -315,20 +335,102 @@ def train_classifier(
             "confusion": report["confusion"],
             "chance": data.chance if data.chance is not None else 1.0 / len(labels),
             "majority_baseline": float(counts.max()) / max(len(val_y), 1),
-            "seconds": time.perf_counter() - start,
+            "seconds": time.perf_counter() - start_time,
             "median_step_ms": result.median_step_ms,
             "parameters": model.num_parameters(),
+            "trainable_parameters": trainable_parameters(model),
             "max_len": max_len,
         }
         if run_dir is not None:
             save_run(run_dir, model, tokenizer, train_cfg, labels=labels,
-                     extra={"summary": summary})
+                     extra={"summary": summary, **(start or {})})
             write_json(run_dir / SUMMARY, summary)
             plot_confusion(report["confusion"], labels.labels, run_dir / CONFUSION_PNG,
                            title=f"validation ({len(val_y)} examples)\naccuracy "
                                  f"{report['accuracy']:.3f}, macro-F1 {report['macro_f1']:.3f}")
-        return ClassifierRun(run_dir, model, tokenizer, labels, config, train_cfg, result, report,
-                             summary, evaluator.history)
+        return ClassifierRun(run_dir, model, tokenizer, labels, model.config, train_cfg,  # type: ignore[arg-type]
+                             result, report, summary, evaluator.history)
+
+
+# -- starting from a pretrained model ----------------------------------------------------
+def encode_for(tokenizer: Tokenizer, texts: Sequence[str], max_len: int, *,
+               source: str) -> list[list[int]]:
+    """Texts as a pretrained model's tokenizer writes them: a Hugging Face tokenizer with its
+    own template (BERT's [CLS] … [SEP]), handformer's character tokenizer with ``<bos>``;
+    characters a character tokenizer lacks are refused by name (never mapped to ``<unk>``)."""
+    if isinstance(tokenizer, CharTokenizer):
+        unknown = sorted(set("".join(texts)) - set(tokenizer.stoi))
+        if unknown:
+            raise DatasetError(f"{source} has {len(unknown)} character(s) the base's tokenizer "
+                               f"lacks ({''.join(unknown[:20])!r}); a character tokenizer is "
+                               "fixed with its model: give texts made of its characters")
+        return encode_texts(texts, tokenizer, max_len, source=source)
+    if max_len < 2:
+        raise ValueError(f"max_len must be >= 2; got {max_len}")
+    encoded = [tokenizer.encode(t, add_special_tokens=True) for t in texts]  # type: ignore[call-arg]
+    long = [len(ids) for ids in encoded if len(ids) > max_len]
+    if long:
+        warnings.warn(f"{source}: {len(long)} of {len(encoded)} texts are longer than "
+                      f"max_len={max_len} tokens and were truncated; the longest has "
+                      f"{max(long)} tokens", DataWarning, stacklevel=2)
+    return [ids[:max_len] for ids in encoded]
+
+
+def finetune_classifier(
+    data: ClassifyData,
+    base_model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    *,
+    base_dir: str | Path,
+    base_kind: str,
+    out_dir: str | Path | None,
+    max_len: int | None = None,
+    lora: LoRAConfig | None = None,
+    pooling: str | None = None,
+    train_overrides: dict[str, Any] | None = None,
+    bucket: bool = True,
+    progress: bool = True,
+    overwrite: bool = False,
+) -> ClassifierRun:
+    """A classifier whose trunk starts as ``base_model``'s — an encoder (MiniLM), another
+    classifier's encoder, or a decoder LM's body run causally with last-token pooling — and a
+    new head; every weight trains, or (``lora``) only the adapters and the head, which are
+    then all the run folder stores besides the record of its base (``base_dir``)."""
+    run_dir = None if out_dir is None else folder_path(out_dir)
+    if run_dir is not None:
+        base = Path(base_dir)
+        if run_dir.exists() and base.exists() and run_dir.resolve() == base.resolve():
+            raise ValueError(f"--out {run_dir} is the base itself; give the classifier its own "
+                             "folder (the base must stay as it is)")
+        check_destination(run_dir, CLASSIFIER_FOLDER, overwrite=overwrite)
+    if lora is not None and (run_dir is not None and base_kind not in ("lm", "classifier",
+                                                                       "encoder")):
+        raise ValueError(f"--lora stores only the adapters and reloads {base_dir} at every "
+                         "load, so the base must be a handformer run folder; convert it first "
+                         f"(handformer convert --from hf {base_dir} DIR) and start from DIR")
+    trunk = base_model.encoder if isinstance(base_model, EncoderClassifier) else base_model
+    causal = isinstance(base_model, DecoderLM) or bool(getattr(trunk, "causal", False))
+    pooling = pooling or ("last" if causal else "mean")
+    trunk_cfg: ModelConfig = trunk.config  # type: ignore[assignment]
+    max_len = min(max_len or 256, trunk_cfg.max_len)
+    labels = LabelVocab.from_labels(data.train_labels, source="the training data")
+    train_ids = encode_for(tokenizer, data.train_texts, max_len, source="training data")
+    val_ids = encode_for(tokenizer, data.val_texts, max_len, source="validation data")
+    train_cfg = TrainConfig.from_dict({**CLASSIFY_PRESET.train, "block_size": max_len,
+                                       **(train_overrides or {})})
+    config = ClassifierConfig(trunk_cfg, num_classes=len(labels), pooling=pooling,
+                              causal=causal)
+    _check_fits(config, train_cfg, train_ids, val_ids)
+    torch.manual_seed(train_cfg.seed)
+    model = EncoderClassifier(config)
+    copy_base_weights(model, base_model)
+    start: dict[str, Any] = {BASE_KEY: base_record(base_dir, base_kind)}
+    if lora is not None:
+        apply_lora(model, lora, trainable=("head",))
+        start[LORA_KEY] = {**lora.to_dict(), "trainable": ["head"]}
+    return _fit(data, model, tokenizer, labels, train_ids, val_ids, train_cfg, run_dir,
+                bucket=bucket, progress=progress, overwrite=overwrite, max_len=max_len,
+                start=start)
 
 
 # -- the run folder ---------------------------------------------------------------------

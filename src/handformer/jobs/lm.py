@@ -34,6 +34,7 @@ from handformer.data.corpora import builtin_text, read_text_file
 from handformer.generate import generate
 from handformer.models.budget import TEXT_BYTES_PER_CHAR, check_training
 from handformer.models.decoder_lm import DecoderLM
+from handformer.nn.lora import LoRAConfig, apply_lora, trainable_parameters
 from handformer.runs import (
     LM_FOLDER,
     FolderLock,
@@ -43,6 +44,13 @@ from handformer.runs import (
     load_run,
     save_run,
     writing_folder,
+)
+from handformer.runs.base import (
+    BASE_KEY,
+    LORA_KEY,
+    base_record,
+    check_base,
+    lora_from_config,
 )
 from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
 from handformer.runs.files import METRICS, SUMMARY, TOKENIZER, WEIGHTS
@@ -65,8 +73,8 @@ from handformer.train.checkpoint import (
 from handformer.train.distributed import DistContext, init_distributed
 from handformer.train.trainer import Trainer, TrainResult, pick_device
 
-__all__ = ["BUILTIN_SOURCE", "DraftTarget", "LMRun", "build_configs", "draft_target",
-           "resume_lm", "train_lm"]
+__all__ = ["BUILTIN_SOURCE", "DraftTarget", "LMRun", "build_configs", "check_text_fits",
+           "draft_target", "finetune_lm", "resume_lm", "train_lm"]
 
 BUILTIN_SOURCE = "builtin:pydoc_data.topics"
 
@@ -179,10 +187,13 @@ def on_rank0_first(dist: DistContext, step: Callable[[], T]) -> T | None:
 
 
 def _checkpoint_files(model_cfg: ModelConfig, train_cfg: TrainConfig,
-                      tokenizer: Tokenizer, data: dict[str, Any]) -> dict[str, str]:
+                      tokenizer: Tokenizer, data: dict[str, Any],
+                      start: dict[str, Any] | None = None) -> dict[str, str]:
     """config.json and tokenizer.json as in the run root, so ``generate --run`` works on any
-    checkpoint folder too."""
-    config = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": data}
+    checkpoint folder too; ``start`` is the base (and LoRA recipe) a fine-tuned run records,
+    which ``resume_lm`` rebuilds it from. A checkpoint holds every weight, base included."""
+    config = {"model": model_cfg.to_dict(), "train": train_cfg.to_dict(), "data": data,
+              **({} if start is None else {"start": start})}
     return {"config.json": json.dumps(config, indent=2, sort_keys=True),
             "tokenizer.json": json.dumps(tokenizer.to_dict())}
 
@@ -195,7 +206,7 @@ def distributed_context(train_cfg: TrainConfig) -> DistContext:
 def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConfig,
          train_cfg: TrainConfig, out_dir: Path, data: dict[str, Any], *,
          resume: CheckpointInfo | None, progress: bool, sample_prompt: str,
-         sample_tokens: int, dist: DistContext) -> LMRun:
+         sample_tokens: int, dist: DistContext, start: dict[str, Any] | None = None) -> LMRun:
     ids = tokenizer.encode_array(text)
     train_ids, val_ids = train_val_split(ids, train_cfg.val_fraction)
     train_windows = LMWindows(train_ids, train_cfg.block_size, name="training split")
@@ -205,7 +216,8 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
     # Every rank holds the manager (they must agree on when to save: under FSDP saving is a
     # collective), but only rank 0 writes through it.
     manager = CheckpointManager(out_dir / CHECKPOINTS, keep_last=train_cfg.keep_last,
-                                files=_checkpoint_files(model_cfg, train_cfg, tokenizer, data))
+                                files=_checkpoint_files(model_cfg, train_cfg, tokenizer, data,
+                                                        start))
     trainer = Trainer(
         model,
         train_cfg,
@@ -255,12 +267,13 @@ def _run(text: str, tokenizer: Tokenizer, model: DecoderLM, model_cfg: ModelConf
         "total_seconds": trainer.elapsed_seconds,
         "median_step_ms": result.median_step_ms,
         "parameters": model.num_parameters(),
+        "trainable_parameters": trainable_parameters(model),
         "optimizer": train_cfg.optimizer,
         # Which parameter went to which optimizer (Muon: the blocks' matrices; AdamW: the rest).
         "optimizer_split": trainer.parameter_split,
     }
     save_run(out_dir, model, tokenizer, train_cfg,
-             extra={"summary": summary, "data": data})
+             extra={"summary": summary, "data": data, **(start or {})})
     (out_dir / SUMMARY).write_text(json.dumps(summary, indent=2), encoding="utf-8")
 
     prompt = torch.tensor([tokenizer.encode(sample_prompt)], dtype=torch.long)
@@ -401,9 +414,16 @@ def resume_lm(
             raise
         raise CheckpointError(f"{config_file} or tokenizer.json: cannot rebuild the run "
                               f"({type(err).__name__}: {err})") from None
+    start = config.get("start")
+    lora = _start_lora(start, run_dir)
+
+    def build() -> DecoderLM:
+        model = DecoderLM(model_cfg)
+        return model if lora is None else apply_lora(model, lora)  # type: ignore[return-value]
+
     # The files must belong together before anything is allocated or trained.
-    check_weights_fit(build_skeleton(lambda: DecoderLM(model_cfg)), info.path / WEIGHTS,
-                      config_file, error=CheckpointError)
+    check_weights_fit(build_skeleton(build), info.path / WEIGHTS, config_file,
+                      error=CheckpointError)
     check_tokenizer_fits(tokenizer, model_cfg, info.path / TOKENIZER, config_file,
                          error=CheckpointError)
     if max_steps is not None:
@@ -428,7 +448,99 @@ def resume_lm(
         # Locked (not claimed: the run continues in place) until the run folder is complete.
         on_rank0_first(dist, lambda: held.enter_context(
             FolderLock(run_dir, command="handformer train --resume")))
-        model = DecoderLM(model_cfg)
+        model = build()
         return _run(text, tokenizer, model, model_cfg, train_cfg, run_dir, data, resume=info,
                     progress=progress, sample_prompt=sample_prompt,
-                    sample_tokens=sample_tokens, dist=dist)
+                    sample_tokens=sample_tokens, dist=dist, start=start)
+
+
+def _start_lora(start: Any, run_dir: Path) -> LoRAConfig | None:
+    """The LoRA recipe of a fine-tuned run being resumed (None for a plain one), after its
+    base is checked unchanged: the run's final folder stores adapters for that base."""
+    if start is None:
+        return None
+    check_base(start.get(BASE_KEY), run_dir / "config.json")
+    if LORA_KEY not in start:
+        return None
+    lora, _ = lora_from_config(start, run_dir / "config.json")
+    return lora
+
+
+def finetune_lm(
+    base_dir: str | Path,
+    text: str,
+    *,
+    out_dir: str | Path,
+    lora: LoRAConfig | None = None,
+    preset: str = "default",
+    train_overrides: dict[str, Any] | None = None,
+    progress: bool = True,
+    sample_prompt: str = "\n",
+    sample_tokens: int = 200,
+    data_source: str | None = None,
+    overwrite: bool = False,
+) -> LMRun:
+    """Continue the language model of the run ``base_dir`` on ``text``, with its own
+    tokenizer: every weight (``lora=None``) or only LoRA adapters, which are then all the new
+    run folder stores. The training recipe is ``preset``'s with ``train_overrides`` (its
+    window cut to the model's; with LoRA the optimizer is AdamW unless the overrides say).
+    The new run records the base (path, weights hash)."""
+    base_dir = Path(base_dir)
+    out = folder_path(out_dir)
+    if out.exists() and base_dir.exists() and out.resolve() == base_dir.resolve():
+        raise ValueError(f"--out {out} is the base run itself; give the fine-tuned run its own "
+                         "folder (the base must stay as it is)")
+    check_destination(out, LM_FOLDER, overwrite=overwrite)
+    config_path = base_dir / "config.json"
+    if config_path.is_file() and '"model_type"' in config_path.read_text(encoding="utf-8"):
+        raise RunFolderError(f"{base_dir} is a Hugging Face folder; import it first (handformer "
+                             f"convert --from hf {base_dir} DIR) and continue DIR")
+    base = load_run(base_dir, kind="lm")
+    if LORA_KEY in base.config:
+        raise ValueError(f"{base_dir} is itself a LoRA run; merge it first (handformer convert "
+                         f"--merge-lora {base_dir} DST) and start from DST")
+    if "quantization" in base.config:
+        raise ValueError(f"{base_dir} holds int8 weights; fine-tune the float run it was "
+                         f"quantized from ({base.config.get('quantized_from', 'its source')})")
+    tokenizer = base.tokenizer
+    check_text_fits(tokenizer, text, data_source or "the text")
+    model: DecoderLM = base.model  # type: ignore[assignment]
+    model_cfg = model.config
+    overrides = dict(train_overrides or {})
+    if lora is not None:  # LoRA's factors train with AdamW, as PEFT's do, unless told otherwise
+        overrides.setdefault("optimizer", "adamw")
+    train_cfg = build_train_config(preset, {"block_size": min(
+        build_train_config(preset).block_size, model_cfg.max_len), **overrides})
+    if train_cfg.block_size > model_cfg.max_len:
+        raise ValueError(f"block_size={train_cfg.block_size} exceeds the base model's "
+                         f"max_len={model_cfg.max_len}")
+    if train_cfg.tensorboard:
+        require_tensorboard()
+    check_budget(model_cfg, train_cfg, len(text))
+    start: dict[str, Any] = {BASE_KEY: base_record(base_dir, "lm")}
+    if lora is not None:
+        build_skeleton(lambda: apply_lora(DecoderLM(model_cfg), lora))  # refused before writing
+        start[LORA_KEY] = {**lora.to_dict(), "trainable": []}
+    dist = distributed_context(train_cfg)
+    with ExitStack() as held:
+        on_rank0_first(dist, lambda: held.enter_context(
+            writing_folder(out, LM_FOLDER, overwrite=overwrite)))
+        seed_everything(train_cfg.seed)
+        if lora is not None:  # after the seed: the adapters' A is drawn like a fresh run's weights
+            apply_lora(model, lora)
+        return _run(text, tokenizer, model, model_cfg, train_cfg, out,
+                    data_record(text, data_source), resume=None, progress=progress,
+                    sample_prompt=sample_prompt, sample_tokens=sample_tokens, dist=dist,
+                    start=start)
+
+
+def check_text_fits(tokenizer: Tokenizer, text: str, source: str) -> None:
+    """Refuse text with characters a character tokenizer lacks, naming them: mapped to
+    ``<unk>`` they would be trained on as one meaningless token."""
+    if not isinstance(tokenizer, CharTokenizer):
+        return  # byte-level BPE and Hugging Face tokenizers read any text
+    unknown = sorted(set(text) - set(tokenizer.stoi))
+    if unknown:
+        raise ValueError(f"{source} has {len(unknown)} character(s) the base's tokenizer lacks "
+                         f"({''.join(unknown[:20])!r}); a character tokenizer is fixed with "
+                         "its model, so give text made of its characters")

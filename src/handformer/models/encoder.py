@@ -42,9 +42,11 @@ class Encoder(Trunk):
     ``EncoderDecoder`` asks for one either way (as ``nn.Transformer`` builds it).
     """
 
-    def __init__(self, config: ModelConfig, *, final_norm: bool | None = None) -> None:
+    def __init__(self, config: ModelConfig, *, final_norm: bool | None = None,
+                 causal: bool = False) -> None:
         check_model_fits(config, type(self).__name__)  # before torch allocates anything
         super().__init__(config, final_norm=final_norm, head=False)
+        self.causal = causal  # a decoder's body: each token reads only those before it
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None) -> Tensor:
         """ids (B, T) long; ``padding_mask`` (B, T) bool, True on real tokens (either side).
@@ -58,19 +60,26 @@ class Encoder(Trunk):
     ) -> Tensor:
         """The block stack alone: x (B, T, C) → (B, T, C). Parity tests feed it directly."""
         mask = None if padding_mask is None else combine_masks(padding_mask)  # (B, 1, 1, T)
-        return self.run_blocks(x, mask=mask, is_causal=False, positions=positions)
+        return self.run_blocks(x, mask=mask, is_causal=self.causal, positions=positions)
 
 
 def pool(hidden: Tensor, padding_mask: Tensor | None, kind: str) -> Tensor:
-    """(B, T, C) → (B, C): the first *real* token (``cls``) or the mean over real tokens.
+    """(B, T, C) → (B, C): the first *real* token (``cls``), the last (``last``) or the mean
+    over real tokens.
 
-    Padding never enters: ``cls`` picks each row's first True position (left padding
-    works), ``mean`` divides the masked sum by the number of real tokens.
+    Padding never enters: ``cls`` picks each row's first True position and ``last`` its last
+    (either side may be padded), ``mean`` divides the masked sum by the number of real tokens.
     """
     if kind not in POOLING_KINDS:
         raise ValueError(f"unknown pooling {kind!r}; expected one of {POOLING_KINDS}")
     if padding_mask is None:
+        if kind == "last":
+            return hidden[:, -1]  # (B, C)
         return hidden[:, 0] if kind == "cls" else hidden.mean(dim=1)  # (B, C)
+    if kind == "last":
+        t = padding_mask.shape[1]
+        last = t - 1 - padding_mask.flip(1).int().argmax(dim=1)  # (B,) index of the last True
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, C)
     if kind == "cls":
         first = padding_mask.int().argmax(dim=1)  # (B,) index of the first True
         return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]  # (B, C)
@@ -84,7 +93,7 @@ class EncoderClassifier(nn.Module):
     def __init__(self, config: ClassifierConfig) -> None:
         super().__init__()
         self.config = config
-        self.encoder = Encoder(config.encoder)
+        self.encoder = Encoder(config.encoder, causal=config.causal)
         self.dropout = nn.Dropout(config.head_dropout)
         self.head = nn.Linear(config.encoder.d_model, config.num_classes)
         nn.init.normal_(self.head.weight, std=0.02)

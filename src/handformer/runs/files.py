@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
-from torch import nn
+from safetensors.torch import load_model, save_file, save_model
+from torch import Tensor, nn
 
 from handformer.atomic import atomic_write_text, fsync_dir, fsync_file
 from handformer.train.checkpoint import first_nonfinite
@@ -35,11 +35,13 @@ class RunFolderError(ValueError):
     """A run folder that is missing, incomplete, damaged or of another kind."""
 
 
-def save_weights(model: nn.Module, path: Path) -> None:
-    """``model.safetensors`` via a temporary sibling + rename (tied weights stored once).
-    Weights holding NaN or Inf are refused (``RunFolderError``) before anything is written:
-    they must never replace a run's good weights."""
-    bad = first_nonfinite(model.state_dict())
+def save_weights(model: nn.Module, path: Path, *,
+                 only: dict[str, Tensor] | None = None) -> None:
+    """``model.safetensors`` via a temporary sibling + rename (tied weights stored once);
+    with ``only``, just those tensors (a LoRA run's adapters). Weights holding NaN or Inf are
+    refused (``RunFolderError``) before anything is written: they must never replace a run's
+    good weights."""
+    bad = first_nonfinite(model.state_dict() if only is None else only)
     if bad is not None:
         raise RunFolderError(f"{path}: not written: the weight {bad!r} holds NaN or Inf (the "
                              "model diverged); the file there, if any, is left as it was")
@@ -47,7 +49,11 @@ def save_weights(model: nn.Module, path: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_model(model, tmp)
+        if only is None:
+            save_model(model, tmp)
+        else:
+            save_file({k: v.detach().contiguous() for k, v in only.items()}, tmp,
+                      metadata={"format": "pt"})
         fsync_file(Path(tmp))
         os.replace(tmp, path)
     except BaseException:

@@ -10,14 +10,19 @@
 What a folder holds is said by the one key of ``config.json`` that names its model's config:
 ``"model"`` (a ``DecoderLM``, written by ``handformer train``), ``"classifier"`` (an
 ``EncoderClassifier``, ``handformer classify train``) or ``"seq2seq"`` (an
-``EncoderDecoder``, ``handformer seq2seq train``). ``load_run`` reads that key, rebuilds the
-model from its config and loads the weights strictly; nothing is unpickled.
+``EncoderDecoder``, ``handformer seq2seq train``) or ``"encoder"`` (a bare pretrained
+``Encoder`` such as MiniLM, ``handformer convert --from hf``). ``load_run`` reads that key,
+rebuilds the model from its config and loads the weights strictly; nothing is unpickled.
 
 A language model quantized to int8 (``models.quantize``; ``handformer convert --quantize
 int8``) is saved like any other: ``model.safetensors`` then holds each quantized layer's int8
 ``qweight`` and float ``scale`` in place of its ``weight``, and ``config.json`` records which
 layers under ``"quantization"``. ``load_run`` rebuilds that layout before loading, so the
 stored int8 weights load as they are, without quantizing again.
+
+A run fine-tuned with LoRA (``runs.base``) records its base and LoRA recipe in
+``config.json`` and stores only its adapters (and a new head) in ``model.safetensors``;
+``load_run`` rebuilds it from the base, whose weights must be unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from torch import nn
 from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig, TrainConfig
 from handformer.data.classification import DatasetError, LabelVocab
 from handformer.models.decoder_lm import DecoderLM
-from handformer.models.encoder import EncoderClassifier
+from handformer.models.encoder import Encoder, EncoderClassifier
 from handformer.models.quantize import (
     QUANTIZATION_KEY,
     QuantizationError,
@@ -39,6 +44,15 @@ from handformer.models.quantize import (
     quantization_info,
 )
 from handformer.models.seq2seq import EncoderDecoder
+from handformer.nn.lora import apply_lora, lora_layers, lora_state_dict
+from handformer.runs.base import (
+    BASE_KEY,
+    LORA_KEY,
+    check_base,
+    copy_base_weights,
+    load_adapter,
+    lora_from_config,
+)
 from handformer.runs.consistency import build_skeleton, check_tokenizer_fits, check_weights_fit
 from handformer.runs.files import (
     CONFIG,
@@ -56,7 +70,7 @@ from handformer.tokenizers import HFTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["RUN_KINDS", "Run", "RunKind", "load_run", "run_kind", "save_run"]
 
-RunKind = Literal["lm", "classifier", "seq2seq"]
+RunKind = Literal["lm", "classifier", "seq2seq", "encoder"]
 SPECIAL_TOKENS_KEY = "special_tokens"  # config.json: bos/eos/pad ids a tokenizer cannot name
 
 # kind → (the config.json key holding the model's config, the command that writes it)
@@ -64,6 +78,8 @@ RUN_KINDS: dict[str, tuple[str, str]] = {
     "lm": ("model", "handformer train"),
     "classifier": ("classifier", "handformer classify train"),
     "seq2seq": ("seq2seq", "handformer seq2seq train"),
+    # A bare pretrained encoder (BERT, MiniLM): the base a classifier fine-tunes from.
+    "encoder": ("encoder", "handformer convert --from hf"),
 }
 
 
@@ -87,7 +103,9 @@ def _kind_of_model(model: nn.Module) -> RunKind:
         return "classifier"
     if isinstance(model, EncoderDecoder):
         return "seq2seq"
-    raise TypeError(f"save_run takes a DecoderLM, EncoderClassifier or EncoderDecoder; "
+    if isinstance(model, Encoder):
+        return "encoder"
+    raise TypeError(f"save_run takes a DecoderLM, EncoderClassifier, EncoderDecoder or Encoder; "
                     f"got {type(model).__name__}")
 
 
@@ -102,7 +120,8 @@ def save_run(
 ) -> Path:
     """Write weights, ``config.json`` (the model's config under its kind's key, the training
     recipe and ``extra``), the tokenizer and, for a classifier, ``labels``. Each file is
-    replaced atomically."""
+    replaced atomically. A model with LoRA adapters needs ``extra`` to hold its ``base`` and
+    ``lora`` records, and only the adapters (and ``lora["trainable"]``) are written."""
     kind = _kind_of_model(model)
     if (kind == "classifier") != (labels is not None):
         raise ValueError("labels are saved with (and only with) a classifier run")
@@ -119,7 +138,13 @@ def save_run(
     quantized = quantization_info(model)
     if quantized is not None:
         config[QUANTIZATION_KEY] = quantized
-    save_weights(model, run_dir / WEIGHTS)
+    only = None
+    if lora_layers(model):
+        if not isinstance(config.get(LORA_KEY), dict) or BASE_KEY not in config:
+            raise ValueError("a model with LoRA adapters is saved with extra={'base': ..., "
+                             "'lora': ...} (runs.base): its folder stores only the adapters")
+        only = lora_state_dict(model, trainable=config[LORA_KEY].get("trainable", []))
+    save_weights(model, run_dir / WEIGHTS, only=only)
     write_json(run_dir / CONFIG, config)
     tokenizer.save(run_dir / TOKENIZER)
     if labels is not None:
@@ -142,6 +167,8 @@ def _build(kind: RunKind, model_config: dict[str, Any]) -> nn.Module:
         return DecoderLM(ModelConfig.from_dict(model_config))
     if kind == "classifier":
         return EncoderClassifier(ClassifierConfig.from_dict(model_config))
+    if kind == "encoder":
+        return Encoder(ModelConfig.from_dict(model_config))
     return EncoderDecoder(Seq2SeqConfig.from_dict(model_config))
 
 
@@ -190,8 +217,19 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         raise RunFolderError(f"{run_dir} holds a {found} run (written by "
                              f"`{RUN_KINDS[found][1]}`); this needs {needed}")
     key = RUN_KINDS[found][0]
+    if LORA_KEY in config:
+        return _load_lora_run(run_dir, found, config, device)
+    # A checkpoint of a LoRA run holds every weight, adapters included: build it with them.
+    start = config.get("start")
+    lora = (lora_from_config(start, run_dir / CONFIG)[0]
+            if isinstance(start, dict) and LORA_KEY in start else None)
+
+    def build() -> nn.Module:
+        model = _build(found, config[key])
+        return model if lora is None else apply_lora(model, lora)
+
     try:  # on the meta device: nothing is allocated until config and files agree
-        skeleton = build_skeleton(lambda: _build(found, config[key]))
+        skeleton = build_skeleton(build)
     except (KeyError, TypeError, ValueError) as err:
         raise RunFolderError(f"{run_dir / CONFIG}: cannot rebuild the model from {key!r} "
                              f"({type(err).__name__}: {err})") from None
@@ -216,7 +254,50 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         if len(labels) != classes:
             raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
                                  f"model has {classes} classes")
-    model = _build(found, config[key])
+    model = build()
     _quantized_layout(model, config, run_dir / CONFIG)
     load_weights(model, run_dir / WEIGHTS, device=device)
     return Run(run_dir, found, model.to(device).eval(), tokenizer, config, labels)
+
+
+def _load_lora_run(run_dir: Path, kind: RunKind, config: dict[str, Any], device: str) -> Run:
+    """A LoRA run: its base (unchanged since the run started, and no LoRA run itself), the
+    new model filled from it, then the run's adapters."""
+    where = run_dir / CONFIG
+    base_dir = check_base(config.get(BASE_KEY), where)
+    lora, trainable = lora_from_config(config, where)
+    base = load_run(base_dir, device=device)
+    if LORA_KEY in base.config:
+        raise RunFolderError(f"{where}: its base {base_dir} is itself a LoRA run")
+    if kind == "lm" and base.kind != "lm":
+        raise RunFolderError(f"{where}: a language-model run's base must be one too; "
+                             f"{base_dir} holds a {base.kind} run")
+    key = RUN_KINDS[kind][0]
+    try:
+        model = base.model if kind == "lm" else _build(kind, config[key])
+    except (KeyError, TypeError, ValueError) as err:
+        raise RunFolderError(f"{where}: cannot rebuild the model from {key!r} "
+                             f"({type(err).__name__}: {err})") from None
+    if model is not base.model:
+        copy_base_weights(model, base.model)
+    model.to(device)
+    load_adapter(model, lora, trainable, run_dir / WEIGHTS, device=device)
+    check_run_dir(run_dir, (TOKENIZER,))
+    try:
+        tokenizer = load_tokenizer(run_dir / TOKENIZER)
+    except (KeyError, TypeError, ValueError, OSError) as err:
+        raise RunFolderError(f"{run_dir / TOKENIZER}: cannot read the tokenizer "
+                             f"({type(err).__name__}: {err})") from None
+    tokenizer = _with_special_ids(tokenizer, config, where)
+    check_tokenizer_fits(tokenizer, model.config, run_dir / TOKENIZER, where)  # type: ignore[arg-type]
+    labels = None
+    if kind == "classifier":
+        check_run_dir(run_dir, (LABELS,))
+        try:
+            labels = LabelVocab.load(run_dir / LABELS)
+        except (DatasetError, ValueError, OSError) as err:
+            raise RunFolderError(f"{run_dir / LABELS}: cannot read the labels ({err})") from None
+        if len(labels) != model.config.num_classes:  # type: ignore[union-attr]
+            raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
+                                 f"model has {model.config.num_classes} classes")  # type: ignore[union-attr]
+    return Run(run_dir, kind, model.eval(), tokenizer, config, labels)

@@ -80,8 +80,9 @@ from handformer.train.checkpoint import (
 )
 
 __all__ = [
-    "CHECKPOINTS", "CLASSIFIER_FOLDER", "CONFUSION", "FOLDER_MARKER", "LM_FOLDER", "LOSS_CURVE",
-    "RUN_FOLDERS", "SEQ2SEQ_FOLDER", "TENSORBOARD", "FolderSpec", "FolderState",
+    "CHECKPOINTS", "CLASSIFIER_FOLDER", "CONFUSION", "ENCODER_FOLDER", "FOLDER_MARKER",
+    "LM_FOLDER", "LOSS_CURVE", "RUN_FOLDERS", "SEQ2SEQ_FOLDER", "TENSORBOARD", "FolderSpec",
+    "FolderState",
     "check_destination", "check_in_place", "describe_run", "folder_path", "read_folder",
     "remove_if_ours", "writing_folder",
 ]
@@ -135,11 +136,13 @@ CLASSIFIER_FOLDER = FolderSpec(
 SEQ2SEQ_FOLDER = FolderSpec(
     "seq2seq", "a seq2seq run", "handformer seq2seq train",
     (WEIGHTS, CONFIG, TOKENIZER, METRICS, SUMMARY))
+ENCODER_FOLDER = FolderSpec(
+    "encoder", "a pretrained encoder", "handformer convert --from hf", (WEIGHTS, CONFIG, TOKENIZER))
 # The run folders of ``runs.folder``, by its kind names (``load_run``'s ``kind``).
 RUN_FOLDERS: dict[str, FolderSpec] = {s.kind: s for s in (LM_FOLDER, CLASSIFIER_FOLDER,
-                                                          SEQ2SEQ_FOLDER)}
+                                                          SEQ2SEQ_FOLDER, ENCODER_FOLDER)}
 _CONFIG_CLASSES: dict[str, Any] = {"lm": ModelConfig, "classifier": ClassifierConfig,
-                                   "seq2seq": Seq2SeqConfig}
+                                   "seq2seq": Seq2SeqConfig, "encoder": ModelConfig}
 
 
 @dataclass(frozen=True)

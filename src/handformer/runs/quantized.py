@@ -36,6 +36,9 @@ def write_quantized_run(src: str | Path, dst: str | Path, *, include_head: bool 
                              "the int8 copy")
     check_destination(dst, QUANTIZED_FOLDER, overwrite=overwrite)  # before the work
     run = load_run(src, kind="lm")
+    if "lora" in run.config:
+        raise RunFolderError(f"{src} is a LoRA run (adapters beside a frozen base); merge it "
+                             "first with handformer convert --merge-lora, then quantize that")
     if is_quantized(run.model):
         raise RunFolderError(f"{src} is already quantized ({run.config.get('quantization')})")
     try:
