@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "handformer"
 
 # Floor of each room; a module may import only from its own floor or below.
 FLOORS: dict[str, int] = {
-    "handformer.masks": 0, "handformer.loss": 0, "handformer.atomic": 0,
+    "handformer.masks": 0, "handformer.loss": 0, "handformer.atomic": 0, "handformer.machine": 0,
     "handformer.tokenizers": 1, "handformer.nn": 1, "handformer.data": 1,
     "handformer.config": 2,
     "handformer.models": 3,

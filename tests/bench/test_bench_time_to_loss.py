@@ -136,14 +136,15 @@ def test_step_cost_times_both_recipes_and_writes_the_ratios(tmp_path: Path) -> N
 
 def test_the_ladders_final_recipe_is_the_speedrun_preset() -> None:
     """The preset ships what the log measured: every kept lever on top of shakespeare-fast
-    (only how often a user's run evaluates differs)."""
+    (only how often, and on how many batches, a user's run evaluates differs)."""
     from handformer.bench.time_to_loss import LADDER, ladder_recipes
 
     final = ladder_recipes(LADDER, "shakespeare-fast", seeds=(1337,))[-1]
     model, train = build_configs("shakespeare-fast", 65, final.model, final.train)
     want_model, want_train = build_configs("speedrun", 65)
     assert model == want_model
-    assert {**train.to_dict(), "eval_interval": 0} == {**want_train.to_dict(), "eval_interval": 0}
+    evaluation = {"eval_interval": 0, "eval_batches": 0}
+    assert {**train.to_dict(), **evaluation} == {**want_train.to_dict(), **evaluation}
 
 
 def test_plain_race_runs_the_contender_once_per_seed(tmp_path: Path) -> None:

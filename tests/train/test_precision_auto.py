@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import handformer.bench.machine as machine
+import handformer.machine as machine
 from handformer.train.precision import choose_precision, resolve_precision
 from tests.train.helpers import make_trainer, train_config
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from handformer.bench.machine import describe_machine, machine_line
+from handformer.machine import describe_machine, machine_line
 
 __all__ = ["NANOGPT_CPU_RECIPE", "Contender", "Timing", "main", "parse_val_loss", "race"]
 

@@ -63,7 +63,7 @@ def choose_precision(device: torch.device) -> tuple[str, str]:
         return "fp32", "this GPU has no bfloat16 support"
     if device.type != "cpu":
         return "fp32", f"no bf16 choice is made for {device.type}"
-    from handformer.bench.machine import cpu_flags
+    from handformer.machine import cpu_flags
 
     native = sorted({"avx512_bf16", "amx_bf16"} & cpu_flags())
     if not native:
