@@ -17,6 +17,16 @@ from handformer.tokenizers import CharTokenizer
 TOKENIZER = CharTokenizer("abcdefghijklmnopqrstuvwxyz .,")
 
 
+class EndlessTokenizer(CharTokenizer):
+    """The same characters with no end-of-text id: every request runs to its max_tokens
+    (a random model would otherwise end some texts early, at random)."""
+
+    eos_id = None  # type: ignore[assignment]
+
+
+ENDLESS = EndlessTokenizer(TOKENIZER.chars)
+
+
 def tiny_lm(seed: int = 0, **overrides) -> DecoderLM:
     """A 2-layer model with its weights scaled up: random init gives nearly flat logits,
     where batching's last-bit rounding differences could swap two near-tied tokens; scaled,

@@ -151,21 +151,22 @@ class Guard:
             return message
 
         async def tracking_send(message: Message) -> None:
+            if state["refused"] is not None:
+                return  # the app is answering an error of its own about it: ours goes out
             if message["type"] == "http.response.start":
                 state["started"] = True
             await send(message)
 
         try:
             await self.app(scope, guarded_receive, tracking_send)
-        except _BodyTooLarge:
-            if not state["started"]:
-                await _send_error(send, state["refused"])
         except Exception as err:
-            first = (str(err).splitlines() or [""])[0]
-            log.error("handformer serve: %s %s failed: %s: %s", scope.get("method"),
-                      scope.get("path"), type(err).__name__, first)
+            if state["refused"] is None:
+                first = (str(err).splitlines() or [""])[0]
+                log.error("handformer serve: %s %s failed: %s: %s", scope.get("method"),
+                          scope.get("path"), type(err).__name__, first)
             if not state["started"]:
-                await _send_error(send, ApiError(500, "the server failed on this request"))
+                await _send_error(send, state["refused"] or ApiError(
+                    500, "the server failed on this request"))
 
 
 class _Job:
@@ -243,6 +244,9 @@ class _EventStream(Response):
         watching = asyncio.ensure_future(_wait_disconnect(receive))
         try:
             await asyncio.wait({streaming, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if streaming.done() and isinstance(streaming.exception(), asyncio.TimeoutError):
+                log.warning("handformer serve: a client read nothing for %g s; its stream was "
+                            "dropped and its KV blocks freed", self.timeout)
         finally:
             for task in (streaming, watching):
                 task.cancel()
@@ -254,9 +258,20 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
 
+class _DroppedStreamFilter(logging.Filter):
+    """uvicorn reports a stream dropped for a client that stopped reading as an ERROR ("ASGI
+    callable returned without completing response"); the app logged why already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "returned without completing response" not in record.getMessage()
+
+
 def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = True) -> Any:
     """The FastAPI app serving ``engine``; its lifespan starts and stops the engine's thread
     (``run_engine=False``: the caller steps the engine itself)."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DroppedStreamFilter) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(_DroppedStreamFilter())
     worker = EngineThread(engine)
     template = None
     if settings.chat_template is not None:
