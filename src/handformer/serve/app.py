@@ -275,7 +275,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
     worker = EngineThread(engine)
     template = None
     if settings.chat_template is not None:
-        template = ChatTemplate(settings.chat_template, _special_strings(engine.tokenizer))
+        template = ChatTemplate.for_tokenizer(settings.chat_template, engine.tokenizer)
     tokenizer = engine.tokenizer
 
     @asynccontextmanager
@@ -473,19 +473,6 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
             return answer(err)
 
     return Guard(app, settings.max_body_bytes, settings.client_timeout)
-
-
-def _special_strings(tokenizer: Any) -> dict[str, str]:
-    """``bos_token`` / ``eos_token`` / ``pad_token`` → their strings, for the template."""
-    out: dict[str, str] = {}
-    backend = getattr(tokenizer, "backend", None)
-    for role, idx in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id),
-                      ("pad_token", getattr(tokenizer, "pad_token_id", None))):
-        if idx is not None and backend is not None:
-            token = backend.id_to_token(idx)
-            if token is not None:
-                out[role] = token
-    return out
 
 
 def _prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[list[int]]:

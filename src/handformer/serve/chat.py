@@ -64,6 +64,19 @@ class ChatTemplate:
             raise ChatTemplateError(f"the run's chat template does not compile: {err}") from None
         self.special = special
 
+    @classmethod
+    def for_tokenizer(cls, source: str, tokenizer: Any) -> ChatTemplate:
+        """The template with ``tokenizer``'s ``bos_token`` / ``eos_token`` / ``pad_token``
+        strings, those it has."""
+        special: dict[str, str] = {}
+        backend = getattr(tokenizer, "backend", None)  # a Hugging Face tokenizer's
+        for role, idx in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id),
+                          ("pad_token", getattr(tokenizer, "pad_token_id", None))):
+            token = None if idx is None or backend is None else backend.id_to_token(idx)
+            if token is not None:
+                special[role] = token
+        return cls(source, special)
+
     def render(self, messages: list[dict[str, Any]], *,
                add_generation_prompt: bool = True) -> str:
         try:
