@@ -114,6 +114,8 @@ def test_cancel_frees_blocks_and_refusals_come_before_any_work() -> None:
     assert engine.blocks.used == 2  # the 8 prompt tokens (the new one is cached next step)
     with pytest.raises(RequestTooLargeError, match="can never fit the KV pool"):
         engine.submit(Request(TOKENIZER.encode("a" * 20), SamplingParams(max_tokens=10)))
+    with pytest.raises(ValueError, match="prompt ids must lie in"):
+        engine.submit(Request([5, 999], SamplingParams(max_tokens=3)))
     engine.submit(Request([5], SamplingParams(max_tokens=3)))
     engine.submit(Request([6], SamplingParams(max_tokens=3)))
     with pytest.raises(QueueFullError, match="queue is full"):

@@ -150,6 +150,7 @@ BAD_BODIES = [
     ('{"model": "tiny", "prompt": [99999]}', "prompt"),
     ('{"model": "tiny", "prompt": ""}', "prompt"),
     ('{"model": "tiny", "prompt": "a", "logprobs": 2}', "logprobs"),
+    ('{"model": "tiny", "prompt": "a", "stop": ["x", ""]}', "stop"),
     ('{"prompt": "a"}', "model"),
     ('{"model": "tiny", "prompt": "a", "max_tokens": 5', None),  # not JSON
     ('[1, 2]', None),

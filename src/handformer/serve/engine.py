@@ -112,10 +112,13 @@ class Engine:
                 f"{self.blocks.num_blocks}; send a shorter prompt or fewer max_tokens")
 
     def submit(self, request: Request) -> None:
-        """Queue ``request`` (thread-safe). Raises ``RequestTooLargeError`` or
-        ``QueueFullError``; the ids must be the model's (the caller checked them)."""
+        """Queue ``request`` (thread-safe). Raises ``ValueError`` for an empty prompt or ids
+        outside the vocabulary, ``RequestTooLargeError`` or ``QueueFullError``."""
         if not request.prompt:
             raise ValueError("the prompt has no tokens")
+        if not 0 <= min(request.prompt) <= max(request.prompt) < self.vocab_size:
+            raise ValueError(f"prompt ids must lie in [0, {self.vocab_size}); got "
+                             f"{min(request.prompt)}..{max(request.prompt)}")
         self.check_fits(len(request.prompt), request.params.max_tokens)
         with self._lock:
             if self._queued >= self.max_waiting:

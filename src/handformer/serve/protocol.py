@@ -25,7 +25,8 @@ Temperature = Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
 Seed = Annotated[int, Field(ge=SEED_MIN, le=SEED_MAX)]
 MaxTokens = Annotated[int, Field(ge=1)]
-Stop = str | Annotated[list[str], Field(max_length=4)]
+StopText = Annotated[str, Field(min_length=1)]  # "" would end every text before it began
+Stop = StopText | Annotated[list[StopText], Field(max_length=4)]
 
 
 class _Body(BaseModel):
