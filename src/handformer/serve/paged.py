@@ -106,30 +106,34 @@ class PagedBatchCache:
     def __init__(self, pool: KVPool, tables: Sequence[Sequence[int]], cached: Sequence[int],
                  new_tokens: int) -> None:
         device = pool.kv.device
-        b, t = len(tables), new_tokens
+        b, t, bs = len(tables), new_tokens, pool.block_size
         self.batch_size = b
         self.n_kv_heads = pool.n_kv_heads
         self.past = max(cached)  # P
         self.capacity = self.past + t
         self.length = self.past  # the filled columns, as DecoderCache counts them
-        read: list[int] = []
-        mask = torch.zeros(b, self.past + t, dtype=torch.bool)  # (B, P + T)
-        positions = torch.zeros(b, self.past + t, dtype=torch.long)  # (B, P + T)
-        write: list[int] = []
-        for i, (table, n) in enumerate(zip(tables, cached, strict=True)):
-            pad = self.past - n
-            # Padding columns read slot 0 of the pool: any finite value, masked out below.
-            read.extend([0] * pad)
-            read.extend(pool.slots(table, 0, n))
-            write.extend(pool.slots(table, n, n + t))
-            mask[i, pad:] = True
-            positions[i, pad:] = torch.arange(n + t)
-        self.read_slots = torch.tensor(read, dtype=torch.long, device=device)  # (B·P,)
-        self.write_slots = torch.tensor(write, dtype=torch.long, device=device)  # (B·T,)
-        self.key_mask = mask.to(device)  # (B, P + T) True = a real token
-        self.key_positions = positions.to(device)  # (B, P + T)
-        self.next_position = torch.tensor(list(cached), dtype=torch.long, device=device)  # (B,)
-        self.has_padding = any(n != self.past for n in cached)
+        widest = max(len(table) for table in tables)
+        padded = torch.tensor([list(table) + [0] * (widest - len(table)) for table in tables],
+                              dtype=torch.long)  # (B, blocks)
+        # The pool slot of each request's context position p: block table[p // bs], offset
+        # p % bs — laid out for every position its table covers.
+        slot_of = (padded[:, :, None] * bs + torch.arange(bs)).view(b, widest * bs)  # (B, ·)
+        n = torch.tensor(list(cached), dtype=torch.long)  # (B,)
+        # Column j of the laid-out cache holds context position j - (P - n_i): negative for
+        # the left padding.
+        position = torch.arange(self.past + t)[None, :] - (self.past - n)[:, None]  # (B, P+T)
+        real = position >= 0  # (B, P + T)
+        position = position.clamp(min=0)
+        # Padding columns read slot 0 of the pool: any finite value, masked out by key_mask.
+        read = torch.where(real[:, : self.past], slot_of.gather(1, position[:, : self.past]),
+                           0)  # (B, P)
+        write = slot_of.gather(1, position[:, self.past :])  # (B, T)
+        self.read_slots = read.flatten().to(device)  # (B·P,)
+        self.write_slots = write.flatten().to(device)  # (B·T,)
+        self.key_mask = real.to(device)  # (B, P + T) True = a real token
+        self.key_positions = position.to(device)  # (B, P + T)
+        self.next_position = n.to(device)  # (B,)
+        self.has_padding = any(c != self.past for c in cached)
         self.layers = [_PagedLayer(pool.kv[i], self) for i in range(pool.kv.shape[0])]
 
     def append_tokens(self, new_mask: Tensor | None, t: int | None = None
