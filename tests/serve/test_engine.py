@@ -125,3 +125,20 @@ def test_cancel_frees_blocks_and_refusals_come_before_any_work() -> None:
         engine.step()
     assert outs[-1].finished and outs[-1].finish_reason == "cancelled"
     assert request.table == [] and engine.queued == 0
+
+
+def test_logits_that_cannot_be_sampled_end_their_requests_not_the_engine() -> None:
+    model = tiny_lm()
+    with torch.no_grad():
+        model.final_norm.weight.fill_(float("nan"))  # every logit NaN
+    engine = Engine(model, TOKENIZER, num_blocks=20, block_size=4)
+    outs: list = []
+    for temperature in (0.0, 0.0, 1.0):
+        engine.submit(Request(TOKENIZER.encode("abc"), SamplingParams(5, temperature),
+                              outs.append))
+    with torch.inference_mode():
+        while engine.has_work():
+            engine.step()
+    assert [o.finish_reason for o in outs] == ["error"] * 3
+    assert all("cannot be sampled" in o.error for o in outs)
+    assert engine.blocks.used == 0

@@ -27,7 +27,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from handformer.generate.plain import NonFiniteLogitsError, sample_next, small_op_kernels
+from handformer.generate.plain import (
+    GREEDY_TEMPERATURE,
+    NonFiniteLogitsError,
+    sample_next,
+    small_op_kernels,
+)
 from handformer.models.budget import Estimate, check_fits
 from handformer.serve.blocks import BlockManager, blocks_for
 from handformer.serve.detokenize import TextStream
@@ -194,21 +199,42 @@ class Engine:
         cache = PagedBatchCache(self.pool, [r.table for r in requests],
                                 [r.cached for r in requests], t)
         logits = self.model(ids, cache=cache, validate=False)[:, -1]  # (B, V)
+        ready = []
         for i, request in enumerate(requests):
             request.cached += t
             if request.to_compute == 0:
-                self._sample(request, logits[i : i + 1])
+                ready.append(i)
+        greedy = [i for i in ready if requests[i].params.temperature < GREEDY_TEMPERATURE]
+        tokens: dict[int, int | None] = {}
+        if len(greedy) > 1:  # one argmax (and one finiteness check) for all greedy rows
+            try:
+                picked = sample_next(logits[greedy], temperature=0.0).tolist()  # (G,)
+                tokens.update(zip(greedy, picked, strict=True))
+            except NonFiniteLogitsError:
+                pass  # sampled row by row below, so that only the bad row fails
+        for i in ready:
+            request = requests[i]
+            token = tokens.get(i)
+            if token is None:
+                token = self._sample_row(request, logits[i : i + 1])
+            if token is not None:
+                self._emit(request, token)
 
-    def _sample(self, request: Request, logits: Tensor) -> None:
+    def _sample_row(self, request: Request, logits: Tensor) -> int | None:
+        """logits (1, V) → the request's next token with its own generator; None (and the
+        request ended with an error) if they cannot be sampled from."""
         p = request.params
         try:
-            token = int(sample_next(logits, temperature=p.temperature, top_k=p.top_k,
-                                    top_p=p.top_p,
-                                    generator=self._generators[request.id])[0])
+            return int(sample_next(logits, temperature=p.temperature, top_k=p.top_k,
+                                   top_p=p.top_p, generator=self._generators[request.id])[0])
         except NonFiniteLogitsError as err:
             self._finish(request, "error", "", error=f"the model's logits cannot be sampled "
                          f"from at generated token {request.generated + 1}: {err}")
-            return
+            return None
+
+    def _emit(self, request: Request, token: int) -> None:
+        """Append ``token``, count it, release its text; end the request where it ends."""
+        p = request.params
         now = time.monotonic()
         first = request.first_token_at is None
         self.metrics.token(now - request.arrival if first else None,
