@@ -103,13 +103,17 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
 
 
 class _Server:
-    """uvicorn's server, but a signal ends it with exit 0: uvicorn re-raises the signal it
-    caught once it has shut down, which would end the command as killed (143) after a clean
-    stop."""
+    """uvicorn's server with handformer's exits. A signal (SIGTERM, Ctrl-C) stops it
+    gracefully and the command exits 0 — uvicorn would re-raise the signal once shut down,
+    ending the command as killed after a clean stop. A second Ctrl-C quits at once (exit
+    130): the engine is stopped and the requests in flight are dropped, without the
+    cancelled tasks' tracebacks that uvicorn's own forced exit prints."""
 
     @staticmethod
-    def make(config: Any) -> Any:
+    def make(config: Any, worker: Any) -> Any:
         import contextlib
+        import os
+        import signal
 
         import uvicorn
 
@@ -121,6 +125,14 @@ class _Server:
                         yield
                     finally:
                         self._captured_signals.clear()
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                if self.should_exit and sig == signal.SIGINT:
+                    worker.stop(10, drain=False)
+                    print("handformer serve: interrupted; requests in flight were dropped",
+                          file=sys.stderr, flush=True)
+                    os._exit(130)
+                super().handle_exit(sig, frame)
 
         return Server(config)
 
@@ -158,7 +170,12 @@ def run_serve(args: argparse.Namespace) -> int:
           f"once{'; chat on' if settings.chat_template else ''}", file=sys.stderr, flush=True)
     server = _Server.make(uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", access_log=False,
-        timeout_graceful_shutdown=int(args.shutdown_timeout), lifespan="on"))
-    server.run()
+        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout)), lifespan="on"),
+        app.worker)
+    try:
+        server.run()
+    finally:
+        # A second Ctrl-C skips uvicorn's shutdown (and so the app's): stop the engine here.
+        app.worker.stop(30, drain=False)
     print("handformer serve: stopped", file=sys.stderr, flush=True)
     return 0

@@ -115,8 +115,10 @@ class Guard:
     reading, or while reading a chunked body), a body that stops arriving (408), and any
     exception no route handled (500, one log line, never a traceback)."""
 
-    def __init__(self, app: Any, max_body: int, timeout: float) -> None:
+    def __init__(self, app: Any, max_body: int, timeout: float,
+                 worker: EngineThread | None = None) -> None:
         self.app, self.max_body, self.timeout = app, max_body, timeout
+        self.worker = worker  # the engine's thread, for whoever runs the server to stop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -159,6 +161,10 @@ class Guard:
 
         try:
             await self.app(scope, guarded_receive, tracking_send)
+        except asyncio.CancelledError:
+            # The server is stopping and its grace period ran out: the request is dropped
+            # (its engine work cancelled on the way out); nothing to report.
+            return
         except Exception as err:
             if state["refused"] is None:
                 first = (str(err).splitlines() or [""])[0]
@@ -472,7 +478,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
         except ApiError as err:
             return answer(err)
 
-    return Guard(app, settings.max_body_bytes, settings.client_timeout)
+    return Guard(app, settings.max_body_bytes, settings.client_timeout, worker)
 
 
 def _prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[list[int]]:

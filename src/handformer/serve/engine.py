@@ -287,21 +287,31 @@ class EngineThread:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._stopping = threading.Event()
+        self._abandon = threading.Event()
         self._thread = threading.Thread(target=self._run, name="handformer-engine")
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float | None = None) -> None:
+    def stop(self, timeout: float | None = None, *, drain: bool = True) -> None:
+        """Stop once the submitted requests are done (``drain``), or at the end of the
+        current step, ending the rest with an error (a forced exit: nobody waits for
+        them). A thread that was never started or has stopped already is left alone."""
+        if not drain:
+            self._abandon.set()
         self._stopping.set()
         self.engine.wake.set()
-        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def _run(self) -> None:
         engine = self.engine
         param = next(engine.model.parameters())
         with torch.inference_mode(), small_op_kernels(param):
             while True:
+                if self._abandon.is_set():
+                    engine.fail_all("the server stopped before this request finished")
+                    return
                 if not engine.has_work():
                     if self._stopping.is_set():
                         return
