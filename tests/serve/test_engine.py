@@ -142,3 +142,15 @@ def test_logits_that_cannot_be_sampled_end_their_requests_not_the_engine() -> No
     assert [o.finish_reason for o in outs] == ["error"] * 3
     assert all("cannot be sampled" in o.error for o in outs)
     assert engine.blocks.used == 0
+
+
+def test_the_default_pool_is_a_window_per_request_within_a_quarter_of_free_memory(
+        monkeypatch) -> None:
+    import handformer.serve.engine as engine_module
+
+    model = tiny_lm(max_len=24)  # 2 layers × 4 heads × 8 dims × 2 (k, v) × 4 bytes a token
+    monkeypatch.setattr(engine_module, "available_memory", lambda device: 1 << 30)
+    assert Engine(model, TOKENIZER, block_size=4, max_batch=3).blocks.num_blocks == 3 * 6
+    per_block = 2 * 4 * 2 * 4 * 8 * 4
+    monkeypatch.setattr(engine_module, "available_memory", lambda device: 40 * per_block)
+    assert Engine(model, TOKENIZER, block_size=4, max_batch=3).blocks.num_blocks == 10

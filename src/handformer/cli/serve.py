@@ -46,7 +46,7 @@ def register(sub: Any) -> None:
                    help="the model id clients send (default: the run folder's name)")
     p.add_argument("--kv-blocks", type=positive_int, default=None,
                    help="KV blocks in the pool, allocated at start (default: one full window "
-                   "for each of --max-batch requests)")
+                   "for each of --max-batch requests, within a quarter of the free memory)")
     p.add_argument("--block-size", type=positive_int, default=16,
                    help="token slots per KV block (default 16)")
     p.add_argument("--max-batch", type=positive_int, default=32,

@@ -33,7 +33,7 @@ from handformer.generate.plain import (
     sample_next,
     small_op_kernels,
 )
-from handformer.models.budget import Estimate, check_fits
+from handformer.models.budget import Estimate, available_memory, check_fits
 from handformer.serve.blocks import BlockManager, blocks_for
 from handformer.serve.detokenize import TextStream
 from handformer.serve.metrics import ServerMetrics
@@ -66,8 +66,8 @@ def _float_dtype(model: nn.Module) -> torch.dtype:
 class Engine:
     """A model, its tokenizer, one KV pool and the scheduler that shares it out.
 
-    ``num_blocks`` × ``block_size`` token slots are allocated up front (default: one full
-    window for each of ``max_batch`` requests); ``MemoryBudgetError`` if they cannot fit.
+    ``num_blocks`` × ``block_size`` token slots are allocated up front (default:
+    ``default_blocks``); ``MemoryBudgetError`` if they cannot fit.
     ``max_waiting`` bounds the queue (``submit`` raises ``QueueFullError`` past it).
     """
 
@@ -80,14 +80,14 @@ class Engine:
         self.eos_id: int | None = tokenizer.eos_id
         self.vocab_size: int = config.vocab_size
         self.max_len: int = config.max_len
-        if num_blocks is None:
-            num_blocks = max_batch * blocks_for(self.max_len, block_size)
         param = next(model.parameters())
         self.device = param.device
         dtype = _float_dtype(model)
-        pool_bytes = (config.n_layers * num_blocks * block_size * 2 * config.n_kv_heads
-                      * config.head_dim * torch.finfo(dtype).bits // 8)
-        check_fits(Estimate("the KV pool", {"KV blocks": pool_bytes},
+        block_bytes = (config.n_layers * block_size * 2 * config.n_kv_heads * config.head_dim
+                       * torch.finfo(dtype).bits // 8)
+        if num_blocks is None:
+            num_blocks = self.default_blocks(max_batch, block_size, block_bytes)
+        check_fits(Estimate("the KV pool", {"KV blocks": num_blocks * block_bytes},
                             hint="ask for fewer --kv-blocks or a smaller --block-size"),
                    self.device)
         self.pool = KVPool(config, num_blocks, block_size, dtype=dtype, device=self.device)
@@ -103,6 +103,16 @@ class Engine:
         self._streams: dict[int, TextStream] = {}
         self._generators: dict[int, torch.Generator] = {}
         self.wake = threading.Event()
+
+    def default_blocks(self, max_batch: int, block_size: int, block_bytes: int) -> int:
+        """A full window for each of ``max_batch`` requests, but no more than a quarter of
+        the memory free on the device (a long-context model's windows could ask for more
+        than the machine has); at least one block."""
+        wanted = max_batch * blocks_for(self.max_len, block_size)
+        free = available_memory(self.device)
+        if free is None:
+            return wanted
+        return max(1, min(wanted, free // 4 // block_bytes))
 
     # -- the owner's side (any thread) ---------------------------------------------------
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
