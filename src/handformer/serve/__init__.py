@@ -6,5 +6,6 @@
   chunked prefill, preemption).
 * ``engine`` — runs the model on the plan and samples, in a thread of its own.
 * ``detokenize`` / ``metrics`` — text released to clients; what ``/metrics`` shows.
-* ``protocol`` / ``app`` — the OpenAI-compatible HTTP API (FastAPI), apart from the engine.
+* ``protocol`` / ``asgi`` / ``app`` — the OpenAI-compatible HTTP API (FastAPI): request
+  bodies, the ASGI plumbing (errors, guard, event streams), the routes — apart from the engine.
 """

@@ -30,17 +30,24 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
 
+from handformer.serve.asgi import (
+    ApiError,
+    DroppedStreamFilter,
+    EventStream,
+    Guard,
+    sse,
+    wait_disconnect,
+)
 from handformer.serve.chat import ChatTemplate, ChatTemplateError
 from handformer.serve.engine import Engine, EngineThread, QueueFullError, RequestTooLargeError
 from handformer.serve.protocol import (
@@ -53,14 +60,7 @@ from handformer.serve.protocol import (
 )
 from handformer.serve.request import Request, RequestOutput, SamplingParams
 
-__all__ = ["ApiError", "ServeSettings", "create_app"]
-
-log = logging.getLogger("handformer.serve")
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+__all__ = ["ServeSettings", "create_app"]
 
 
 @dataclass
@@ -75,104 +75,6 @@ class ServeSettings:
     chat_max_tokens: int = 256  # a chat request's default when it names none
     chat_template: str | None = None
     retry_after_s: int = 1
-
-
-class ApiError(Exception):
-    """An answer with OpenAI's error object: ``status``, ``message``, the ``param`` at fault."""
-
-    KINDS: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error",
-                                       404: "not_found_error", 408: "timeout_error",
-                                       413: "invalid_request_error", 429: "rate_limit_error",
-                                       500: "server_error"}
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers or {}
-
-    def body(self) -> bytes:
-        kind = self.KINDS.get(self.status, "invalid_request_error")
-        return json.dumps(error_body(self.message, kind, param=self.param,
-                                     code=self.code)).encode()
-
-
-async def _send_error(send: Send, err: ApiError) -> None:
-    body = err.body()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
-    headers += [(k.lower().encode(), v.encode()) for k, v in err.headers.items()]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-class Guard:
-    """Pure ASGI middleware around the whole app: body size (413, from Content-Length before
-    reading, or while reading a chunked body), a body that stops arriving (408), and any
-    exception no route handled (500, one log line, never a traceback)."""
-
-    def __init__(self, app: Any, max_body: int, timeout: float,
-                 worker: EngineThread | None = None) -> None:
-        self.app, self.max_body, self.timeout = app, max_body, timeout
-        self.worker = worker  # the engine's thread, for whoever runs the server to stop
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_body):
-            await _send_error(send, ApiError(
-                413, f"the request body is {length.decode(errors='replace')} bytes; this "
-                f"server takes at most {self.max_body}", code="request_too_large"))
-            return
-        state = {"received": 0, "body_done": False, "started": False, "refused": None}
-
-        async def guarded_receive() -> Message:
-            if state["body_done"]:
-                return await receive()  # after the body: waits for a disconnect
-            try:
-                message = await asyncio.wait_for(receive(), self.timeout)
-            except asyncio.TimeoutError:
-                state["refused"] = ApiError(408, f"the request body did not arrive within "
-                                            f"{self.timeout:g} s")
-                raise _BodyTooLarge() from None
-            if message["type"] == "http.request":
-                state["received"] += len(message.get("body", b""))
-                if state["received"] > self.max_body:
-                    state["refused"] = ApiError(413, f"the request body is over "
-                                                f"{self.max_body} bytes",
-                                                code="request_too_large")
-                    raise _BodyTooLarge()
-                state["body_done"] = not message.get("more_body", False)
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            if state["refused"] is not None:
-                return  # the app is answering an error of its own about it: ours goes out
-            if message["type"] == "http.response.start":
-                state["started"] = True
-            await send(message)
-
-        try:
-            await self.app(scope, guarded_receive, tracking_send)
-        except asyncio.CancelledError:
-            # The server is stopping and its grace period ran out: the request is dropped
-            # (its engine work cancelled on the way out); nothing to report.
-            return
-        except Exception as err:
-            if state["refused"] is None:
-                first = (str(err).splitlines() or [""])[0]
-                log.error("handformer serve: %s %s failed: %s: %s", scope.get("method"),
-                          scope.get("path"), type(err).__name__, first)
-            if not state["started"]:
-                await _send_error(send, state["refused"] or ApiError(
-                    500, "the server failed on this request"))
 
 
 class _Job:
@@ -221,63 +123,12 @@ class _Job:
                 self.engine.cancel(request)
 
 
-async def _wait_disconnect(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-class _EventStream(Response):
-    """An ASGI response sending server-sent events from ``events`` while watching for the
-    client to go away: a disconnect, or a send blocked for ``timeout`` seconds (a client
-    that stopped reading), closes ``events`` — whose ``finally`` cancels the engine work."""
-
-    def __init__(self, events: AsyncIterator[str], timeout: float) -> None:
-        self.events, self.timeout = events, timeout
-        self.status_code, self.background = 200, None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def stream() -> None:
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache")]})
-            async for event in self.events:
-                await asyncio.wait_for(send({"type": "http.response.body",
-                                             "body": event.encode(), "more_body": True}),
-                                       self.timeout)
-            await send({"type": "http.response.body", "body": b""})
-
-        streaming = asyncio.ensure_future(stream())
-        watching = asyncio.ensure_future(_wait_disconnect(receive))
-        try:
-            await asyncio.wait({streaming, watching}, return_when=asyncio.FIRST_COMPLETED)
-            if streaming.done() and isinstance(streaming.exception(), asyncio.TimeoutError):
-                log.warning("handformer serve: a client read nothing for %g s; its stream was "
-                            "dropped and its KV blocks freed", self.timeout)
-        finally:
-            for task in (streaming, watching):
-                task.cancel()
-            await asyncio.gather(streaming, watching, return_exceptions=True)
-            await self.events.aclose()  # type: ignore[attr-defined]
-
-
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
-
-
-class _DroppedStreamFilter(logging.Filter):
-    """uvicorn reports a stream dropped for a client that stopped reading as an ERROR ("ASGI
-    callable returned without completing response"); the app logged why already."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "returned without completing response" not in record.getMessage()
-
-
 def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = True) -> Any:
     """The FastAPI app serving ``engine``; its lifespan starts and stops the engine's thread
     (``run_engine=False``: the caller steps the engine itself)."""
     uvicorn_log = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, _DroppedStreamFilter) for f in uvicorn_log.filters):
-        uvicorn_log.addFilter(_DroppedStreamFilter())
+    if not any(isinstance(f, DroppedStreamFilter) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(DroppedStreamFilter())
     worker = EngineThread(engine)
     template = None
     if settings.chat_template is not None:
@@ -373,7 +224,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
                 "created": int(time.time()), "model": settings.model_name}
         prompt_tokens = sum(len(p) for p in every_prompt)
         if stream:
-            return _EventStream(_stream_events(job, meta, kind, prompt_tokens, usage),
+            return EventStream(_stream_events(job, meta, kind, prompt_tokens, usage),
                                 settings.client_timeout)
         return await _collect(job, request, meta, kind, prompt_tokens)
 
@@ -382,7 +233,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
         texts = [""] * len(job.requests)
         reasons: list[str | None] = [None] * len(job.requests)
         counts = [0] * len(job.requests)
-        watching = asyncio.ensure_future(_wait_disconnect(request.receive))
+        watching = asyncio.ensure_future(wait_disconnect(request.receive))
         try:
             while job.open:
                 getting = asyncio.ensure_future(job.next())
@@ -539,22 +390,22 @@ async def _stream_events(job: _Job, meta: dict[str, Any], kind: str, prompt_toke
     try:
         if kind == "chat":
             for i in range(len(job.requests)):
-                yield _sse({**meta, "object": obj, "choices": [{
+                yield sse({**meta, "object": obj, "choices": [{
                     "index": i, "delta": {"role": "assistant", "content": ""},
                     "logprobs": None, "finish_reason": None}]})
         while job.open:
             index, out = await job.next()
             counts[index] = out.completion_tokens
             if out.finished and out.finish_reason == "error":
-                yield _sse(error_body(out.error or "generation failed", "server_error"))
+                yield sse(error_body(out.error or "generation failed", "server_error"))
                 continue
             if out.text:
-                yield _sse(chunk(index, out.text, None))
+                yield sse(chunk(index, out.text, None))
             if out.finished:
-                yield _sse(chunk(index, None, out.finish_reason))
+                yield sse(chunk(index, None, out.finish_reason))
         if usage:
-            yield _sse({**meta, "object": obj, "choices": [],
+            yield sse({**meta, "object": obj, "choices": [],
                         "usage": _usage(prompt_tokens, sum(counts))})
-        yield _sse("[DONE]")
+        yield sse("[DONE]")
     finally:
         job.close()
