@@ -273,3 +273,19 @@ def test_too_large_requests_are_400_and_a_full_queue_429_before_any_work(model) 
         assert second.status_code == 429 and second.headers["retry-after"] == "1"
         assert second.json()["error"]["type"] == "rate_limit_error"
         assert metrics(url)['handformer_requests_rejected_total{cause="queue_full"}'] == 1
+
+
+def test_metrics_are_prometheus_text(base) -> None:
+    text = httpx.get(f"{base}/metrics").text
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    assert types["handformer_kv_blocks_used"] == "gauge"
+    assert types["handformer_requests_waiting"] == "gauge"
+    assert types["handformer_generation_tokens_total"] == "counter"
+    assert types["handformer_preemptions_total"] == "counter"
+    for name in ("handformer_time_to_first_token_seconds",
+                 "handformer_time_per_output_token_seconds"):
+        assert types[name] == "histogram"
+        buckets = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(f"{name}_bucket")]
+        count = metrics(base)[f"{name}_count"]
+        assert buckets == sorted(buckets) and buckets[-1] == count > 0

@@ -264,7 +264,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
 
     @app.get("/metrics")
     async def metrics() -> Any:
-        return PlainTextResponse(engine.metrics.render(engine.gauges()),
+        return PlainTextResponse(engine.metrics.render(engine.gauges(), engine.counters()),
                                  media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")

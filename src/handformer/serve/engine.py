@@ -162,9 +162,12 @@ class Engine:
             "kv_blocks_used": ("KV blocks held by requests.", b.used),
             "kv_blocks_free": ("KV blocks free in the pool.", b.free),
             "kv_block_size_tokens": ("Token slots per KV block.", b.block_size),
-            "preemptions_total": ("Requests preempted (blocks freed, recomputed later).",
-                                  s.preemptions),
         }
+
+    def counters(self) -> dict[str, tuple[str, int]]:
+        """The counts ``/metrics`` shows that the scheduler keeps."""
+        return {"preemptions_total": ("Requests preempted (blocks freed, recomputed later).",
+                                      self.scheduler.preemptions)}
 
     # -- the engine's side (one thread) --------------------------------------------------
     def _drain_inbox(self) -> None:

@@ -83,8 +83,10 @@ class ServerMetrics:
         with self._lock:
             self.rejected[reason] += 1
 
-    def render(self, gauges: dict[str, tuple[str, float]]) -> str:
-        """The exposition text; ``gauges`` maps a name (without the prefix) to (help, value)."""
+    def render(self, gauges: dict[str, tuple[str, float]],
+               counters: dict[str, tuple[str, int]] | None = None) -> str:
+        """The exposition text; ``gauges`` (and ``counters`` the caller keeps) map a name
+        without the prefix to (help, value)."""
         lines: list[str] = []
         for name, (help_text, value) in gauges.items():
             full = f"{PREFIX}_{name}"
@@ -92,7 +94,8 @@ class ServerMetrics:
         with self._lock:
             for name, help_text, value in (
                     ("generation_tokens_total", "Tokens generated.", self.tokens_generated),
-                    ("prompt_tokens_total", "Prompt tokens admitted.", self.prompt_tokens)):
+                    ("prompt_tokens_total", "Prompt tokens admitted.", self.prompt_tokens),
+                    *((n, h, v) for n, (h, v) in (counters or {}).items())):
                 full = f"{PREFIX}_{name}"
                 lines += [f"# HELP {full} {help_text}", f"# TYPE {full} counter",
                           f"{full} {value}"]
