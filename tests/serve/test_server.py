@@ -276,6 +276,8 @@ def test_too_large_requests_are_400_and_a_full_queue_429_before_any_work(model) 
 
 
 def test_metrics_are_prometheus_text(base) -> None:
+    httpx.post(f"{base}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+               json={"model": "tiny", "prompt": "abc", "max_tokens": 3})
     text = httpx.get(f"{base}/metrics").text
     types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
     assert types["handformer_kv_blocks_used"] == "gauge"
