@@ -38,7 +38,13 @@ def test_greedy_output_in_a_crowd_equals_generate_alone(arch: str) -> None:
     work = prompts(14, seed=1)
     jobs = [(TOKENIZER.encode(p), SamplingParams(max_tokens=n, temperature=0.0))
             for p, n in work]
-    texts = run_engine(engine, jobs)
+    def blocks_add_up(e: Engine) -> None:  # after every step: each block held exactly once
+        held = [b for r in e.scheduler.running for b in r.table]
+        assert len(held) == len(set(held)) == e.blocks.used <= e.blocks.num_blocks
+        assert all(not r.table for r in e.scheduler.waiting)
+        assert all(len(r.table) * 4 >= r.cached for r in e.scheduler.running)
+
+    texts = run_engine(engine, jobs, hook=blocks_add_up)
     assert engine.scheduler.preemptions > 0  # the small pool forced recomputation
     assert texts == [_alone(model, p, n, temperature=0) for p, n in work]
     assert engine.blocks.free == engine.blocks.num_blocks  # every block came back
