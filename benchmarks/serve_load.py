@@ -11,8 +11,9 @@ mixed prompt length and ``max_tokens``, greedy. Scenarios, each the median of
 * ``C clients``: C clients at once, each sending its N requests back to back — p50/p99 time
   to first token and per-token latency (a request's (last − first token time) / (tokens −
   1)), aggregate decode tokens/s, errors, and responses lost or mixed up (a text that
-  differs from what the same request gave alone), the peak of KV blocks in use (sampled
-  from ``/metrics``) against the pool, and the server's peak resident memory;
+  differs from what the same request gave alone), the most KV blocks held at once (the
+  server's own high-water mark, from ``/metrics``) against the pool, and the server's peak
+  resident memory;
 * ``static batch (transformers)``: the same requests in arrival order, C at a time, left-
   padded into one batch that runs until its longest request ends — transformers'
   ``generate`` on the model converted to GPT-2 (``interop.gpt2``; the ``medium`` preset is
@@ -116,38 +117,26 @@ async def _one(client: Any, base: str, model: str, job: Job) -> Result:
 async def _scenario(base: str, model: str, clients: list[list[Job]]) -> dict[str, Any]:
     import httpx
 
-    peak = {"blocks": 0, "pool": 0}
-    done = asyncio.Event()
-
-    async def poll(client: Any) -> None:
-        while not done.is_set():
-            try:
-                text = (await client.get(f"{base}/metrics")).text
-                values = {line.split()[0]: int(float(line.split()[1]))
-                          for line in text.splitlines()
-                          if line.startswith(("handformer_kv_blocks_used ",
-                                              "handformer_kv_blocks_free "))}
-                used = values.get("handformer_kv_blocks_used", 0)
-                peak["blocks"] = max(peak["blocks"], used)
-                peak["pool"] = used + values.get("handformer_kv_blocks_free", 0)
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.02)
-
     async def run_client(client: Any, jobs: list[Job]) -> list[Result]:
         return [await _one(client, base, model, job) for job in jobs]
 
     limits = httpx.Limits(max_connections=len(clients) + 4)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        poller = asyncio.ensure_future(poll(client))
         start = time.perf_counter()
         per_client = await asyncio.gather(*(run_client(client, jobs) for jobs in clients))
         wall = time.perf_counter() - start
-        done.set()
-        await poller
+        # The server's own high-water mark of blocks held (since it started: the scenarios
+        # run from the lightest to the heaviest).
+        gauges = {line.split()[0]: int(float(line.split()[1]))
+                  for line in (await client.get(f"{base}/metrics")).text.splitlines()
+                  if line.startswith(("handformer_kv_blocks_peak ",
+                                      "handformer_kv_blocks_used ",
+                                      "handformer_kv_blocks_free "))}
     results = [r for rs in per_client for r in rs]
-    return {"wall_s": wall, "results": results, "peak_blocks": peak["blocks"],
-            "pool_blocks": peak["pool"]}
+    return {"wall_s": wall, "results": results,
+            "peak_blocks": gauges["handformer_kv_blocks_peak"],
+            "pool_blocks": gauges["handformer_kv_blocks_used"]
+            + gauges["handformer_kv_blocks_free"]}
 
 
 def _summary(name: str, runs: list[dict[str, Any]], reference: list[str] | None,

@@ -48,6 +48,7 @@ def test_greedy_output_in_a_crowd_equals_generate_alone(arch: str) -> None:
     assert engine.scheduler.preemptions > 0  # the small pool forced recomputation
     assert texts == [_alone(model, p, n, temperature=0) for p, n in work]
     assert engine.blocks.free == engine.blocks.num_blocks  # every block came back
+    assert 0 < engine.blocks.peak <= engine.blocks.num_blocks  # the high-water mark
 
 
 @pytest.mark.filterwarnings("ignore::handformer.data.classification.DataWarning")

@@ -38,6 +38,7 @@ class BlockManager:
         self.block_size = block_size
         # Low ids first: a quiet server reuses the same few blocks (warm in the cache).
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self.peak = 0  # the most blocks held at once so far
 
     @property
     def free(self) -> int:
@@ -63,6 +64,7 @@ class BlockManager:
             return False
         for _ in range(n):
             table.append(self._free.pop())
+        self.peak = max(self.peak, self.used)
         return True
 
     def release(self, table: list[int]) -> None:

@@ -161,6 +161,8 @@ class Engine:
                                  + sum(r.id in self._admitted for r in list(s.waiting))),
             "kv_blocks_used": ("KV blocks held by requests.", b.used),
             "kv_blocks_free": ("KV blocks free in the pool.", b.free),
+            "kv_blocks_peak": ("The most KV blocks held at once since the server started.",
+                               b.peak),
             "kv_block_size_tokens": ("Token slots per KV block.", b.block_size),
         }
 
