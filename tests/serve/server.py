@@ -57,7 +57,7 @@ def metrics(base: str) -> dict[str, float]:
     return out
 
 
-def wait_for(predicate, what: str, timeout: float = 20.0) -> None:
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

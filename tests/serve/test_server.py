@@ -230,7 +230,7 @@ def test_a_client_that_stops_reading_is_dropped_and_its_blocks_freed(base) -> No
     try:
         wait_for(lambda: metrics(base).get(
             'handformer_requests_finished_total{reason="cancelled"}', 0) > before,
-            "the stalled client to be dropped", timeout=40)
+            "the stalled client to be dropped", timeout=90)
         wait_for(lambda: metrics(base)["handformer_kv_blocks_used"] == 0, "the blocks")
     finally:
         sock.close()
