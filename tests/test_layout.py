@@ -28,7 +28,7 @@ FLOORS: dict[str, int] = {
     "handformer.runs": 5,
     "handformer.jobs": 6,
     "handformer.doctor": 7, "handformer.explore": 7, "handformer.interop": 7,
-    "handformer.bench": 7, "handformer.learn": 7,
+    "handformer.bench": 7, "handformer.learn": 7, "handformer.serve": 7,
     "handformer.cli": 8, "handformer.__main__": 8,
 }
 # The training engine is model-agnostic: it takes any module and a loss function.

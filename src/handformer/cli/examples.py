@@ -72,6 +72,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "handformer doctor --preset tiny --pictures doctor_pics/",
         "handformer doctor --run runs/default --json",
     ),
+    "serve": (
+        "handformer serve --run runs/default              # then http://127.0.0.1:8000/v1",
+        "handformer serve --run runs/default --kv-blocks 256 --block-size 16 --max-batch 16",
+        "handformer serve --run runs/qwen --host 0.0.0.0 --api-key KEY   # chat, reachable",
+    ),
     "explore": (
         "handformer explore --run runs/default            # then open http://127.0.0.1:8765",
         "handformer explore --run runs/classify --port 0 --open",

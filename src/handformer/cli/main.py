@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         explore,
         generate,
         seq2seq,
+        serve,
         train,
     )
     from handformer.cli.examples import add_examples
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="handformer", description="A Transformer written by hand: train, sample, inspect.")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in (train, generate, classify, seq2seq, doctor, explore, embed, convert,
-                    experiment, bench):
+                    experiment, bench, serve):
         command.register(sub)
     add_examples(parser)  # an "examples:" section in every command's --help
     parser.epilog = (parser.epilog or "") + "\n\n" + EXIT_CODES_HELP

@@ -52,7 +52,7 @@ from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["GREEDY_TEMPERATURE", "NonFiniteLogitsError", "apply_repetition_penalty",
            "check_request", "check_sampling", "generate", "sample_next", "sampling_weights",
-           "slide_window"]
+           "slide_window", "small_op_kernels"]
 
 # Below this temperature sampling takes the argmax (the T → 0 limit): float32 cannot hold
 # the temperature itself much lower (its smallest normal number is ~1.2e-38).
@@ -198,7 +198,7 @@ def _takes_validate(model: nn.Module) -> bool:
 
 
 @contextmanager
-def _small_op_kernels(param: Tensor) -> Iterator[None]:
+def small_op_kernels(param: Tensor) -> Iterator[None]:
     """Native CPU kernels instead of oneDNN's while decoding an fp32 model on the CPU.
 
     At batch 1 a decoding step is dozens of tiny ops, and oneDNN's per-call setup dominates
@@ -339,7 +339,7 @@ def generate(
     checked: dict[str, Any] = {}  # the first call: validate as usual
     start, cached = 0, False  # window start; whether the cache holds [start, length - 1)
     try:
-        with _small_op_kernels(param):
+        with small_op_kernels(param):
             for _ in range(max_new_tokens):
                 new_start = slide_window(start, length, max_len)
                 if cache is None:

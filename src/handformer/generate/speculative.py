@@ -46,12 +46,12 @@ from handformer.generate.plain import (
     _check_budget,
     _check_finite_logits,
     _outside_inference_mode,
-    _small_op_kernels,
     _takes_validate,
     check_request,
     check_sampling,
     sampling_weights,
     slide_window,
+    small_op_kernels,
 )
 from handformer.nn.kv_cache import DecoderCache
 
@@ -276,7 +276,7 @@ def speculative_generate(
     narrow = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     length = prompt_len
     try:
-        with _small_op_kernels(param):
+        with small_op_kernels(param):
             while length - prompt_len < max_new_tokens:
                 left = max_new_tokens - (length - prompt_len)
                 room = verifier.max_len + verifier.window_start(length) - length

@@ -11,12 +11,12 @@ from handformer.data.padding import pad_sequences
 from handformer.generate.plain import generate
 from handformer.generate.speculative import SpeculationStats, speculative_generate
 
-__all__ = ["generate_text"]
+__all__ = ["generate_text", "held_back"]
 
 
-def _held_back(text: str, stops: Sequence[str]) -> int:
+def held_back(text: str, stops: Sequence[str]) -> int:
     """How many trailing characters of ``text`` could still be the start of a stop string
-    (and so must not be streamed yet)."""
+    (and so must not be streamed yet); the server's streams hold them back too."""
     longest = 0
     for stop in stops:
         for n in range(min(len(stop) - 1, len(text)), longest, -1):
@@ -74,7 +74,7 @@ def generate_text(
                 done[row] = True
                 emit(row, len(texts[row]))
             else:
-                emit(row, len(texts[row]) - _held_back(texts[row], stop))
+                emit(row, len(texts[row]) - held_back(texts[row], stop))
         return all(done)
 
     if draft is None:

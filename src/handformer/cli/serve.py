@@ -1,0 +1,181 @@
+"""``handformer serve``: an OpenAI-compatible server for a language-model run, many users at
+once (continuous batching over a paged KV cache: ``handformer.serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from handformer.cli.common import (
+    POSITIVE,
+    UsageError,
+    add_threads_option,
+    device_name,
+    positive_int,
+    reporting,
+)
+
+__all__ = ["register", "run_serve"]
+
+
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number; got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535]; got {value}")
+    return value
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve a run over the OpenAI HTTP API, many requests "
+                       "at once")
+    p.add_argument("--run", type=Path, required=True, help="language-model run folder")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1; any other needs --api-key)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1 routes")
+    p.add_argument("--model-name", default=None,
+                   help="the model id clients send (default: the run folder's name)")
+    p.add_argument("--kv-blocks", type=positive_int, default=None,
+                   help="KV blocks in the pool, allocated at start (default: one full window "
+                   "for each of --max-batch requests, within a quarter of the free memory)")
+    p.add_argument("--block-size", type=positive_int, default=16,
+                   help="token slots per KV block (default 16)")
+    p.add_argument("--max-batch", type=positive_int, default=32,
+                   help="requests decoded together at most (default 32)")
+    p.add_argument("--max-waiting", type=positive_int, default=256,
+                   help="requests queued at most; more are answered 429 (default 256)")
+    p.add_argument("--prefill-chunk", type=positive_int, default=64,
+                   help="prompt tokens read per request per step (default 64)")
+    p.add_argument("--step-tokens", type=positive_int, default=256,
+                   help="prompt tokens read per step for all requests together (default 256)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
+                   help="larger request bodies are answered 413 (default 1 MiB)")
+    p.add_argument("--client-timeout", type=POSITIVE, default=30.0,
+                   help="seconds a client may take to send its body or to read the next "
+                   "streamed event before it is dropped and its blocks freed (default 30)")
+    p.add_argument("--shutdown-timeout", type=POSITIVE, default=60.0,
+                   help="on SIGTERM or Ctrl-C, seconds to let requests in flight finish "
+                   "(default 60)")
+    p.add_argument("--device", type=device_name, default="cpu")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                   help="cast the model for inference")
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="int8 weights (the dequantizing kernel: any batch size, no compiling)")
+    add_threads_option(p)
+    p.set_defaults(handler=reporting("serve", run_serve))
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
+    from handformer.runs import load_run
+
+    run = load_run(args.run, device=args.device, kind="lm")
+    model = run.model
+    if args.dtype != "float32":
+        import torch
+
+        model = model.to(getattr(torch, args.dtype))
+    from handformer.models.quantize import is_quantized, quantize_int8, set_int8_kernel
+
+    if args.quantize is not None and not is_quantized(model):
+        model = quantize_int8(model, inplace=True)
+    if is_quantized(model):
+        # Batches change size every step: the fused kernel would compile for each new size.
+        set_int8_kernel(model, "dequantized")
+    return model, run.tokenizer, run.config
+
+
+class _Server:
+    """uvicorn's server with handformer's exits. A signal (SIGTERM, Ctrl-C) stops it
+    gracefully and the command exits 0 — uvicorn would re-raise the signal once shut down,
+    ending the command as killed after a clean stop. A second Ctrl-C quits at once (exit
+    130): the engine is stopped and the requests in flight are dropped, without the
+    cancelled tasks' tracebacks that uvicorn's own forced exit prints."""
+
+    @staticmethod
+    def make(config: Any, worker: Any) -> Any:
+        import contextlib
+        import os
+        import signal
+
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):  # type: ignore[no-untyped-def]
+                with super().capture_signals():
+                    try:
+                        yield
+                    finally:
+                        self._captured_signals.clear()
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                if self.should_exit and sig == signal.SIGINT:
+                    worker.stop(10, drain=False)
+                    print("handformer serve: interrupted; requests in flight were dropped",
+                          file=sys.stderr, flush=True)
+                    os._exit(130)
+                super().handle_exit(sig, frame)
+
+        return Server(config)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    if args.api_key is not None and not args.api_key.strip():
+        raise UsageError("--api-key is empty")
+    if not _is_loopback(args.host) and args.api_key is None:
+        raise UsageError(f"--host {args.host} is reachable from other machines: give "
+                         "--api-key KEY (clients send `Authorization: Bearer KEY`)")
+    try:
+        import uvicorn
+
+        from handformer.serve.app import ServeSettings, create_app
+    except ImportError as err:
+        raise ImportError(f"handformer serve needs FastAPI and uvicorn: pip install "
+                          f"'handformer[serve]' ({err})") from None
+    from handformer.serve.engine import Engine
+
+    model, tokenizer, config = _load(args)
+    engine = Engine(model, tokenizer, num_blocks=args.kv_blocks, block_size=args.block_size,
+                    max_batch=args.max_batch, max_waiting=args.max_waiting,
+                    step_tokens=args.step_tokens, prefill_chunk=args.prefill_chunk)
+    name = args.model_name or Path(args.run).resolve().name
+    settings = ServeSettings(model_name=name, api_key=args.api_key,
+                             max_body_bytes=args.max_body_bytes,
+                             client_timeout=args.client_timeout,
+                             chat_template=config.get("chat_template"))
+    app = create_app(engine, settings)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    blocks = engine.blocks
+    print(f"handformer serve: {name} on http://{args.host}:{args.port} — KV pool "
+          f"{blocks.num_blocks} blocks × {blocks.block_size} tokens "
+          f"({engine.pool.nbytes() / 2**20:.1f} MiB), up to {args.max_batch} requests at "
+          f"once{'; chat on' if settings.chat_template else ''}", file=sys.stderr, flush=True)
+    server = _Server.make(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", access_log=False,
+        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout)), lifespan="on"),
+        app.worker)
+    try:
+        server.run()
+    finally:
+        # A second Ctrl-C skips uvicorn's shutdown (and so the app's): stop the engine here.
+        app.worker.stop(30, drain=False)
+    print("handformer serve: stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,342 @@
+"""The engine: runs the model on the scheduler's plan, one step at a time, and samples.
+
+``Engine.step()`` asks the ``Scheduler`` for a plan, runs each prefill chunk as one forward
+call and all decoding requests as one batched call — each reading and writing its own blocks
+through a ``PagedBatchCache``, the model's own ``forward`` — then samples every request whose
+context is complete with ``generate.sample_next`` and *its own* ``torch.Generator``, so a
+seeded request draws the same numbers whatever else is in the batch. New text goes to each
+request's ``on_output`` callback; a request that ends (end-of-text token, stop string,
+``max_tokens``, cancel) leaves the batch and frees its blocks at once.
+
+``EngineThread`` runs steps in a thread of its own, so the HTTP side only submits and
+cancels (both thread-safe) and never waits on a forward pass. The engine knows nothing of
+HTTP.
+
+Shape legend: ``B`` rows in a forward call, ``T`` new tokens per row, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import secrets
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from handformer.generate.plain import (
+    GREEDY_TEMPERATURE,
+    NonFiniteLogitsError,
+    sample_next,
+    small_op_kernels,
+)
+from handformer.models.budget import Estimate, available_memory, check_fits
+from handformer.serve.blocks import BlockManager, blocks_for
+from handformer.serve.detokenize import TextStream
+from handformer.serve.metrics import ServerMetrics
+from handformer.serve.paged import KVPool, PagedBatchCache
+from handformer.serve.request import Request, RequestOutput
+from handformer.serve.scheduler import Scheduler
+
+__all__ = ["Engine", "EngineThread", "QueueFullError", "RequestTooLargeError"]
+
+log = logging.getLogger("handformer.serve")
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue holds ``max_waiting`` requests already (HTTP 429)."""
+
+
+class RequestTooLargeError(ValueError):
+    """A request whose prompt and ``max_tokens`` can never fit the KV pool (HTTP 400)."""
+
+
+def _float_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype activations (and so keys and values) have: the first float parameter's
+    (an int8 model's embedding stays float)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+class Engine:
+    """A model, its tokenizer, one KV pool and the scheduler that shares it out.
+
+    ``num_blocks`` × ``block_size`` token slots are allocated up front (default:
+    ``default_blocks``); ``MemoryBudgetError`` if they cannot fit.
+    ``max_waiting`` bounds the queue (``submit`` raises ``QueueFullError`` past it).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Any, *, num_blocks: int | None = None,
+                 block_size: int = 16, max_batch: int = 32, max_waiting: int = 256,
+                 step_tokens: int = 256, prefill_chunk: int = 64) -> None:
+        config = model.config  # a DecoderLM's ModelConfig
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.eos_id: int | None = tokenizer.eos_id
+        self.vocab_size: int = config.vocab_size
+        self.max_len: int = config.max_len
+        param = next(model.parameters())
+        self.device = param.device
+        dtype = _float_dtype(model)
+        block_bytes = (config.n_layers * block_size * 2 * config.n_kv_heads * config.head_dim
+                       * torch.finfo(dtype).bits // 8)
+        if num_blocks is None:
+            num_blocks = self.default_blocks(max_batch, block_size, block_bytes)
+        check_fits(Estimate("the KV pool", {"KV blocks": num_blocks * block_bytes},
+                            hint="ask for fewer --kv-blocks or a smaller --block-size"),
+                   self.device)
+        self.pool = KVPool(config, num_blocks, block_size, dtype=dtype, device=self.device)
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.scheduler = Scheduler(self.blocks, max_len=self.max_len, max_batch=max_batch,
+                                   step_tokens=step_tokens, prefill_chunk=prefill_chunk)
+        self.max_waiting = max_waiting
+        self.metrics = ServerMetrics()
+        self._inbox: queue.SimpleQueue[tuple[str, Request]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # submitted, not yet admitted to the running batch once
+        self._admitted: set[int] = set()
+        self._streams: dict[int, TextStream] = {}
+        self._generators: dict[int, torch.Generator] = {}
+        self.wake = threading.Event()
+
+    def default_blocks(self, max_batch: int, block_size: int, block_bytes: int) -> int:
+        """A full window for each of ``max_batch`` requests, but no more than a quarter of
+        the memory free on the device (a long-context model's windows could ask for more
+        than the machine has); at least one block."""
+        wanted = max_batch * blocks_for(self.max_len, block_size)
+        free = available_memory(self.device)
+        if free is None:
+            return wanted
+        return max(1, min(wanted, free // 4 // block_bytes))
+
+    # -- the owner's side (any thread) ---------------------------------------------------
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """``RequestTooLargeError`` when a request could never be held by the pool."""
+        tokens = self.scheduler.max_cached(prompt_len, max_tokens)
+        need = blocks_for(tokens, self.blocks.block_size)
+        if need > self.blocks.num_blocks:
+            raise RequestTooLargeError(
+                f"this request can never fit the KV pool: its prompt ({prompt_len} tokens) "
+                f"and max_tokens ({max_tokens}) need up to {tokens} cached tokens = {need} "
+                f"blocks of {self.blocks.block_size}, and the pool has "
+                f"{self.blocks.num_blocks}; send a shorter prompt or fewer max_tokens")
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request`` (thread-safe). Raises ``ValueError`` for an empty prompt or ids
+        outside the vocabulary, ``RequestTooLargeError`` or ``QueueFullError``."""
+        if not request.prompt:
+            raise ValueError("the prompt has no tokens")
+        if not 0 <= min(request.prompt) <= max(request.prompt) < self.vocab_size:
+            raise ValueError(f"prompt ids must lie in [0, {self.vocab_size}); got "
+                             f"{min(request.prompt)}..{max(request.prompt)}")
+        self.check_fits(len(request.prompt), request.params.max_tokens)
+        with self._lock:
+            if self._queued >= self.max_waiting:
+                raise QueueFullError(f"the queue is full ({self.max_waiting} requests "
+                                     "waiting); retry shortly")
+            self._queued += 1
+        self._inbox.put(("add", request))
+        self.wake.set()
+
+    def cancel(self, request: Request) -> None:
+        """Stop ``request`` and free its blocks before the next step (thread-safe)."""
+        self._inbox.put(("cancel", request))
+        self.wake.set()
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The live numbers ``/metrics`` shows (read without a lock: each is one int)."""
+        s, b = self.scheduler, self.blocks
+        return {
+            "requests_running": ("Requests in the running batch.", len(s.running)),
+            "requests_waiting": ("Requests queued, not running.", self._queued
+                                 + sum(r.id in self._admitted for r in list(s.waiting))),
+            "kv_blocks_used": ("KV blocks held by requests.", b.used),
+            "kv_blocks_free": ("KV blocks free in the pool.", b.free),
+            "kv_blocks_peak": ("The most KV blocks held at once since the server started.",
+                               b.peak),
+            "kv_block_size_tokens": ("Token slots per KV block.", b.block_size),
+        }
+
+    def counters(self) -> dict[str, tuple[str, int]]:
+        """The counts ``/metrics`` shows that the scheduler keeps."""
+        return {"preemptions_total": ("Requests preempted (blocks freed, recomputed later).",
+                                      self.scheduler.preemptions)}
+
+    # -- the engine's side (one thread) --------------------------------------------------
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                what, request = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if what == "add":
+                seed = request.params.seed
+                self._generators[request.id] = torch.Generator(device=self.device).manual_seed(
+                    secrets.randbits(63) if seed is None else seed)
+                self._streams[request.id] = TextStream(self.tokenizer, request.params.stop)
+                self.metrics.prompt(len(request.prompt))
+                self.scheduler.add(request)
+            elif not request.finished:
+                self._finish(request, "cancelled", "")
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or not self._inbox.empty()
+
+    def step(self) -> None:
+        """One scheduling round: every prefill chunk, then one batched decoding call."""
+        self._drain_inbox()
+        plan = self.scheduler.schedule()
+        for request in self.scheduler.running:
+            if request.id not in self._admitted:
+                self._admitted.add(request.id)
+                with self._lock:
+                    self._queued -= 1
+        for request, n in plan.prefills:
+            self._forward([request], n)
+        if plan.decodes:
+            self._forward(plan.decodes, 1)
+
+    def _forward(self, requests: list[Request], t: int) -> None:
+        """Feed ``t`` uncached context tokens of each request; sample for those whose
+        context is then complete."""
+        rows = [r.tokens[r.window_start + r.cached : r.window_start + r.cached + t]
+                for r in requests]
+        ids = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, T)
+        cache = PagedBatchCache(self.pool, [r.table for r in requests],
+                                [r.cached for r in requests], t)
+        logits = self.model(ids, cache=cache, validate=False)[:, -1]  # (B, V)
+        ready = []
+        for i, request in enumerate(requests):
+            request.cached += t
+            if request.to_compute == 0:
+                ready.append(i)
+        greedy = [i for i in ready if requests[i].params.temperature < GREEDY_TEMPERATURE]
+        tokens: dict[int, int | None] = {}
+        if len(greedy) > 1:  # one argmax (and one finiteness check) for all greedy rows
+            try:
+                picked = sample_next(logits[greedy], temperature=0.0).tolist()  # (G,)
+                tokens.update(zip(greedy, picked, strict=True))
+            except NonFiniteLogitsError:
+                pass  # sampled row by row below, so that only the bad row fails
+        for i in ready:
+            request = requests[i]
+            token = tokens.get(i)
+            if token is None:
+                token = self._sample_row(request, logits[i : i + 1])
+            if token is not None:
+                self._emit(request, token)
+
+    def _sample_row(self, request: Request, logits: Tensor) -> int | None:
+        """logits (1, V) → the request's next token with its own generator; None (and the
+        request ended with an error) if they cannot be sampled from."""
+        p = request.params
+        try:
+            return int(sample_next(logits, temperature=p.temperature, top_k=p.top_k,
+                                   top_p=p.top_p, generator=self._generators[request.id])[0])
+        except NonFiniteLogitsError as err:
+            self._finish(request, "error", "", error=f"the model's logits cannot be sampled "
+                         f"from at generated token {request.generated + 1}: {err}")
+            return None
+
+    def _emit(self, request: Request, token: int) -> None:
+        """Append ``token``, count it, release its text; end the request where it ends."""
+        p = request.params
+        now = time.monotonic()
+        first = request.first_token_at is None
+        self.metrics.token(now - request.arrival if first else None,
+                           None if first else now - (request.last_token_at or now))
+        if first:
+            request.first_token_at = now
+        request.last_token_at = now
+        request.tokens.append(token)
+        stream = self._streams[request.id]
+        if token == self.eos_id:
+            self._finish(request, "stop", stream.flush())
+            return
+        text, stopped = stream.push(token)
+        if stopped:
+            self._finish(request, "stop", text)
+        elif request.generated >= p.max_tokens:
+            self._finish(request, "length", text + stream.flush())
+        elif text:
+            request.on_output(RequestOutput(text, request.generated))
+
+    def _finish(self, request: Request, reason: str, text: str, *,
+                error: str | None = None) -> None:
+        """End ``request``: out of the batch, its blocks back to the pool, its last words."""
+        if request.id not in self._admitted:
+            with self._lock:
+                self._queued -= 1
+        self._admitted.discard(request.id)
+        self.scheduler.remove(request)
+        request.finished = True
+        self._streams.pop(request.id, None)
+        self._generators.pop(request.id, None)
+        self.metrics.finish(reason)
+        request.on_output(RequestOutput(text, request.generated, True, reason, error))
+
+    def fail_all(self, message: str) -> None:
+        """After an unexpected failure of a step: end every request with ``message``."""
+        for request in [*self.scheduler.running, *self.scheduler.waiting]:
+            self._finish(request, "error", "", error=message)
+
+
+class EngineThread:
+    """Runs ``engine.step()`` while there is work, sleeping on ``engine.wake`` otherwise.
+
+    ``stop()`` lets the requests already submitted finish, then joins the thread (not a
+    daemon: a daemon cut off inside a torch call at exit aborts the process). A step that
+    fails unexpectedly fails its requests with a one-line error, logged once; the thread
+    keeps serving.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._stopping = threading.Event()
+        self._abandon = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="handformer-engine")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None, *, drain: bool = True) -> None:
+        """Stop once the submitted requests are done (``drain``), or at the end of the
+        current step, ending the rest with an error (a forced exit: nobody waits for
+        them). A thread that was never started or has stopped already is left alone."""
+        if not drain:
+            self._abandon.set()
+        self._stopping.set()
+        self.engine.wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        engine = self.engine
+        param = next(engine.model.parameters())
+        with torch.inference_mode(), small_op_kernels(param):
+            while True:
+                if self._abandon.is_set():
+                    engine.fail_all("the server stopped before this request finished")
+                    return
+                if not engine.has_work():
+                    if self._stopping.is_set():
+                        return
+                    engine.wake.wait(0.1)
+                    engine.wake.clear()
+                    continue
+                try:
+                    engine.step()
+                except Exception as err:  # a bug or an allocator failure: no traceback out
+                    message = f"{type(err).__name__}: {err}".splitlines()[0]
+                    log.error("handformer serve: a step failed (%s); its requests end with "
+                              "an error", message)
+                    engine.fail_all(f"the server failed while generating ({message})")

@@ -1,0 +1,73 @@
+"""The paged KV cache reads and writes what the contiguous cache does: the model's forward
+over scattered blocks gives the logits of its forward over one buffer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from handformer.serve.blocks import BlockManager, blocks_for
+from handformer.serve.paged import KVPool, PagedBatchCache
+from tests.serve.helpers import tiny_lm
+
+
+def test_block_manager_allocates_frees_and_refuses_without_taking() -> None:
+    blocks = BlockManager(4, 8)
+    a: list[int] = []
+    b: list[int] = []
+    assert blocks.allocate(a, 17) and len(a) == 3 and blocks.free == 1
+    assert blocks.allocate(a, 24) and len(a) == 3  # 24 slots fit in the same 3 blocks
+    assert not blocks.allocate(b, 9) and b == [] and blocks.free == 1
+    blocks.release(a)
+    assert a == [] and blocks.free == 4 and blocks.allocate(b, 32) and blocks.used == 4
+    assert blocks_for(0, 8) == 0 and blocks_for(8, 8) == 1 and blocks_for(9, 8) == 2
+    with pytest.raises(ValueError, match="num_blocks > 0"):
+        BlockManager(0, 8)
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope", "alibi", "sinusoidal"])
+def test_paged_prefill_and_batched_decode_equal_the_contiguous_cache(positional: str) -> None:
+    model = tiny_lm(positional=positional, n_kv_heads=2)
+    pool = KVPool(model.config, num_blocks=20, block_size=3, dtype=torch.float32,
+                  device="cpu")
+    blocks = BlockManager(20, 3)
+    torch.manual_seed(1)
+    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (5, 1, 9)]
+    tables: list[list[int]] = [[], [], []]
+    # Interleave allocations so every request's blocks are scattered through the pool.
+    for grow in range(1, 4):
+        for table in tables:
+            assert blocks.allocate(table, grow * 3)
+    with torch.inference_mode():
+        # Prefill each prompt but its last token, one request per call, in two chunks.
+        for seq, table in zip(seqs, tables, strict=True):
+            done = 0
+            for chunk in (seq[: len(seq) // 2], seq[len(seq) // 2 : -1]):
+                if len(chunk):
+                    model(chunk[None], cache=PagedBatchCache(pool, [table], [done], len(chunk)))
+                    done += len(chunk)
+        # One batched step: every request feeds its last token, over different past lengths.
+        cache = PagedBatchCache(pool, tables, [len(s) - 1 for s in seqs], 1)
+        assert cache.has_padding
+        paged = model(torch.stack([s[-1:] for s in seqs]), cache=cache)[:, -1]  # (B, V)
+        for i, seq in enumerate(seqs):
+            contiguous = model.make_cache(1)
+            if len(seq) > 1:
+                model(seq[None, :-1], cache=contiguous)
+            alone = model(seq[None, -1:], cache=contiguous)[:, -1]
+            full = model(seq[None])[:, -1]
+            torch.testing.assert_close(paged[i : i + 1], alone, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(paged[i : i + 1], full, rtol=1e-4, atol=1e-4)
+            # The pool holds exactly the keys/values the contiguous cache holds.
+            slots = pool.slots(tables[i], 0, len(seq))
+            stored = pool.kv[0, slots].permute(1, 0, 2)  # (2·Hkv, S, D)
+            torch.testing.assert_close(stored, contiguous.layers[0].kv[0, :, : len(seq)],
+                                       rtol=1e-4, atol=1e-4)
+
+
+def test_a_paged_cache_refuses_what_it_was_not_built_for() -> None:
+    model = tiny_lm()
+    pool = KVPool(model.config, 4, 4, dtype=torch.float32, device="cpu")
+    cache = PagedBatchCache(pool, [[0, 1]], [0], 2)
+    with pytest.raises(ValueError, match="exactly the new tokens"):
+        model(torch.tensor([[5, 6, 7]]), cache=cache)
