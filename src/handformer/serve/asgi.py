@@ -155,13 +155,18 @@ class EventStream(Response):
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]})
             async for event in self.events:
+                # Checked on every event, not left to ``cancel()`` alone: a cancel that lands
+                # as ``wait_for``'s send completes is lost on Python 3.11, and a send to a
+                # closed connection returns at once, so the stream would run to the end.
+                if watching.done():
+                    return
                 await asyncio.wait_for(send({"type": "http.response.body",
                                              "body": event.encode(), "more_body": True}),
                                        self.timeout)
             await send({"type": "http.response.body", "body": b""})
 
-        streaming = asyncio.ensure_future(stream())
         watching = asyncio.ensure_future(wait_disconnect(receive))
+        streaming = asyncio.ensure_future(stream())
         try:
             await asyncio.wait({streaming, watching}, return_when=asyncio.FIRST_COMPLETED)
             if streaming.done() and isinstance(streaming.exception(), asyncio.TimeoutError):
