@@ -1,4 +1,4 @@
-"""The argparse types for seeds and devices: a value torch cannot take is a usage error at
+"""The argparse types for seeds, devices and ports: a value torch cannot take is a usage error at
 parse time (exit 2, naming the option), not a failure deep inside the run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from handformer.cli.common import SEED_RANGE, device_name, seed_int
+from handformer.cli.common import SEED_RANGE, device_name, port_number, seed_int
 
 
 @pytest.mark.parametrize("text", ["0", "1337", "-1", str(SEED_RANGE[0]), str(SEED_RANGE[1])])
@@ -33,6 +33,20 @@ def test_device_names(text: str) -> None:
 def test_device_typos(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="auto, cpu, cuda"):
         device_name(text)
+
+
+@pytest.mark.parametrize("text", ["0", "1", "8000", "65535"])
+def test_ports(text: str) -> None:
+    assert port_number(text) == int(text)
+
+
+@pytest.mark.parametrize(("text", "said"), [("-1", "in [0, 65535]; got -1"),
+                                            ("65536", "in [0, 65535]; got 65536"),
+                                            ("http", "port number; got 'http'"), ("", "got ''")])
+def test_port_typos(text: str, said: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=said.replace("[", r"\[")
+                       .replace("]", r"\]")):
+        port_number(text)
 
 
 def test_through_the_parser(capsys: pytest.CaptureFixture[str]) -> None:

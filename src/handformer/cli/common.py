@@ -65,6 +65,17 @@ def seed_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number; got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535]; got {value}")
+    return value
+
+
 def device_name(text: str) -> str:
     """argparse type: ``auto`` or a device torch can name (``cpu``, ``cuda``, ``cuda:1``,
     ``mps``). A typo is a usage error here; a bare ``torch.device`` failure surfaced later,

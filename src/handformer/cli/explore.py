@@ -14,21 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handformer.cli.common import device_name
+from handformer.cli.common import device_name, port_number
 
 __all__ = ["DEFAULT_PORT", "register", "run_explore"]
 
 DEFAULT_PORT = 8765
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number; got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port lies in [0, 65535]; got {value}")
-    return value
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,7 +29,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve a local page that shows a run's attention weights and masks, "
         "steps generation token by token with the KV cache, and plots the loss curve.")
     parser.add_argument("--run", type=Path, required=True, help="run folder to explore")
-    parser.add_argument("--port", type=_port, default=DEFAULT_PORT,
+    parser.add_argument("--port", type=port_number, default=DEFAULT_PORT,
                         help=f"port to listen on (default {DEFAULT_PORT}; 0 = any free port)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1, this machine only)")

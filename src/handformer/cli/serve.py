@@ -15,22 +15,12 @@ from handformer.cli.common import (
     UsageError,
     add_threads_option,
     device_name,
+    port_number,
     positive_int,
     reporting,
 )
 
 __all__ = ["register", "run_serve"]
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port, 0 (any free one) to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number; got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port in [0, 65535]; got {value}")
-    return value
 
 
 def register(sub: Any) -> None:
@@ -39,7 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--run", type=Path, required=True, help="language-model run folder")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1; any other needs --api-key)")
-    p.add_argument("--port", type=_port, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (default 8000)")
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1 routes")
     p.add_argument("--model-name", default=None,
