@@ -58,14 +58,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "seq2seq": (
         "handformer seq2seq train --task reverse",
-        "handformer seq2seq predict --run runs/seq2seq-reverse --text abcdef",
+        "handformer seq2seq predict --run runs/seq2seq-reverse --text 12345",
     ),
     "seq2seq train": (
         "handformer seq2seq train --task reverse          # writes runs/seq2seq-reverse",
         "handformer seq2seq train --task sort --max-steps 2000 --out runs/sort",
     ),
     "seq2seq predict": (
-        "handformer seq2seq predict --run runs/seq2seq-reverse --text abcdef --text 12345",
+        "handformer seq2seq predict --run runs/seq2seq-reverse --text 12345 --text 908172",
     ),
     "doctor": (
         "handformer doctor                                # the default preset, freshly built",
