@@ -63,7 +63,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 TOURS = [ROOT / "docs" / "tour.md", ROOT / "docs" / "tour.zh.md"]
 # The data files the tours and the build track read, relative to the folder they run in.
-TOUR_READS = ["docs/img/length_convergence.json", "docs/img/build_progression.json"]
+TOUR_READS = ["docs/img/length_convergence.json", "docs/results/length_convergence_seed1.json",
+              "docs/img/build_progression.json"]
 RUN_TIMEOUT_S = 600  # a hung snippet fails the test instead of the whole suite
 
 FENCE = re.compile(r"^```\s*([\w.+-]*)\s*$")
