@@ -69,8 +69,10 @@ class Result:
 
 def _jobs(n: int, seed: int, max_len: int, *, quick: bool) -> list[Job]:
     rnd = random.Random(seed)
+    # Prompt + new tokens stay within one window: transformers' GPT-2 has no positions past
+    # it (handformer would slide the window; the two would not do the same work).
     longest_prompt = max(2, min(48, max_len // 2))
-    longest_new = 12 if quick else 96
+    longest_new = max(2, min(12 if quick else 96, max_len - longest_prompt))
     return [Job("".join(rnd.choice(string.ascii_lowercase + " ") for _ in
                         range(rnd.randint(2, longest_prompt))),
                 rnd.randint(max(2, longest_new // 4), longest_new)) for _ in range(n)]

@@ -31,6 +31,7 @@ on the machine: run it on a quiet one.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import statistics
@@ -154,6 +155,8 @@ def _build(name: str, folder: Path, classes: int, r: int, targets: tuple[str, ..
     if name == "peft-lora":
         model = _Classifier(hf, hf.config.hidden_size, classes, hf=True)
     else:
+        del hf  # freed before handformer's copy loads: a process's peak holds one model
+        gc.collect()
         encoder, _ = load_bert_folder(folder)
         encoder.train()
         if name == "scratch":

@@ -136,16 +136,11 @@ class LoRALinear(nn.Linear):
         out = F.linear(x, self.weight, self.bias)  # (…, N)
         if self.merged:
             return out
-        # Rows without an adapter pass through; each adapted span gets its own update.
-        pieces, pos = [], 0
+        # Rows without an adapter pass through; each adapted span gets its own update, added
+        # in place (the frozen product is not saved for backward, so no copy of all N rows).
         for adapter in self.adapters.values():
-            if adapter.start > pos:
-                pieces.append(out[..., pos:adapter.start])
-            pieces.append(out[..., adapter.start:adapter.stop] + adapter(x))  # (…, n)
-            pos = adapter.stop
-        if pos < self.out_features:
-            pieces.append(out[..., pos:])
-        return torch.cat(pieces, dim=-1)  # (…, N)
+            out[..., adapter.start:adapter.stop] += adapter(x)  # (…, n)
+        return out
 
     @torch.no_grad()
     def merge(self) -> None:
