@@ -119,7 +119,6 @@ def test_the_forgotten_offset_is_named_even_when_it_picks_the_same_greedy_tokens
     assert tokens[:, 3:].eq(3).all()  # the same tokens as the full recompute's
     result = learn.check_generate(r.generate_forgetting_the_offset, model=model)
     assert result.mistake == "cache_offset", result.message
-    assert "the greedy tokens happen to be the same" in result.message
     assert learn.check_generate(r.generate, model=model).passed
 
 
