@@ -11,7 +11,9 @@ markdown. Then, for a notebook:
 
 * the ```text block under a code cell (what it must print) leaves the markdown; it is kept in
   the cell's metadata (``handformer.expected_output``), which tests/test_notebooks.py compares
-  with what the executed cell prints;
+  with what the executed cell prints; so does the ``<!-- output varies by CPU: ... -->`` line
+  right above it, if any (``handformer.output_varies``: how loosely; tests/test_tour.py
+  reads it);
 * a solution folded in ``<details>`` becomes a code cell whose source is hidden (JupyterLab's
   ``jupyter.source_hidden``): click to unfold it;
 * shell blocks (```bash) stay markdown: they are commands to read, not to run from here;
@@ -35,7 +37,8 @@ DEFAULT_OUT = ROOT / "notebooks"
 COMMAND = "python docs/make_notebooks.py"
 MARK = "handformer"  # the metadata key of this script's notebooks and cells
 
-TEXT_BLOCK = re.compile(r"\A```text\n(.*?)\n```\n*", re.S)
+TEXT_BLOCK = re.compile(r"\A(?:<!-- output varies by CPU: (.+?) -->\n+)?```text\n(.*?)\n```\n*",
+                        re.S)
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 SETUP = ("# The snippets run from the repository root (they read docs/img/*.json):\n"
          "import os\n\nos.chdir(\"..\")")
@@ -71,7 +74,10 @@ def convert(markdown: str):
         if cell.cell_type == "markdown":
             m = TEXT_BLOCK.match(source)
             if m and cells and cells[-1].cell_type == "code":
-                cells[-1].metadata.setdefault(MARK, {})["expected_output"] = m.group(1) + "\n"
+                mine = cells[-1].metadata.setdefault(MARK, {})
+                mine["expected_output"] = m.group(2) + "\n"
+                if m.group(1) is not None:
+                    mine["output_varies"] = m.group(1)
                 source = source[m.end():]
             if "<details>" in source:
                 folded = True

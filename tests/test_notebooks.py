@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_tour import ROOT, TOUR_READS, _normalise, parse_blocks
+from tests.test_tour import ROOT, TOUR_READS, parse_blocks, same_output
 
 pytest.importorskip("jupytext")
 nbformat = pytest.importorskip("nbformat")
@@ -36,15 +36,17 @@ def load_make_notebooks():
 MAKE = load_make_notebooks()
 
 
-def expected_cells(doc: Path) -> list[tuple[str, str | None]]:
-    """(code, expected output) of each python block, from the Markdown itself."""
+def expected_cells(doc: Path) -> list[tuple[str, str | None, str | None]]:
+    """(code, expected output, its "output varies by CPU" marker) of each python block, from
+    the Markdown itself."""
     blocks = parse_blocks(doc.read_text(encoding="utf-8"))
     out = []
     for n, b in enumerate(blocks):
         if b.lang == "python":
             after = blocks[n + 1] if n + 1 < len(blocks) else None
-            out.append((b.body, after.body if after is not None and after.lang == "text"
-                        else None))
+            text = after if after is not None and after.lang == "text" else None
+            out.append((b.body, None if text is None else text.body,
+                        None if text is None else text.varies))
     return out
 
 
@@ -54,9 +56,11 @@ def test_each_notebook_is_its_document_cell_for_cell(doc: str) -> None:
     setup, *code = [c for c in nb.cells if c.cell_type == "code"]
     assert setup.metadata[MAKE.MARK] == {"setup": True}
     want = expected_cells(ROOT / "docs" / doc)
-    assert [c.source.strip() for c in code] == [body.strip() for body, _ in want]
+    assert [c.source.strip() for c in code] == [body.strip() for body, _, _ in want]
     got = [c.metadata[MAKE.MARK].get("expected_output") for c in code]
-    assert got == [None if out is None else out for _, out in want]
+    assert got == [out for _, out, _ in want]
+    assert [c.metadata[MAKE.MARK].get("output_varies") for c in code] == [
+        varies for _, _, varies in want]
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "```text" not in text and "<details>" not in text and "%%bash" not in text
     folded = sum(bool(c.metadata.get("jupyter", {}).get("source_hidden")) for c in code)
@@ -117,7 +121,8 @@ def execute(doc: str, markdown: str | None = None) -> list[str]:
         printed = "".join(o.text for o in cell.outputs
                           if o.output_type == "stream" and o.name == "stdout")
         want = cell.metadata.get(MAKE.MARK, {}).get("expected_output")
-        if want is not None and _normalise(printed) != _normalise(want):
+        varies = cell.metadata.get(MAKE.MARK, {}).get("output_varies")
+        if want is not None and not same_output(want, printed, varies):
             problems.append(f"{doc} cell {n} printed\n{printed}\nexpected\n{want}")
     return problems
 

@@ -13,6 +13,14 @@ by a text block holding exactly what it prints (trailing whitespace ignored), in
 section: an output block under the next heading reads as that section's output and is
 refused. Blocks inside ``<details>`` (the exercises' solutions) run like any other.
 
+A text block may show output that is not the same on every CPU (a trained model's losses and
+the text it writes, which follow the kernels' rounding): then the line right above its fence is
+``<!-- output varies by CPU: CLAUSES -->`` (hidden when rendered; the document must tell the
+reader in words too), and the output is compared as its clauses allow, no more loosely:
+``numbers within P %`` compares every decimal number within P per cent of the one shown (the
+words around them exactly), ``line N matches REGEX`` requires line N of both the shown and the
+printed output to match REGEX in full (see ``output_rules``).
+
 Every text block is the output of the python block right above it: a text block after
 another text block, or with no python block before it in its section, is an orphan (a pasted
 output left twice, a snippet deleted without its output) and is refused.
@@ -73,6 +81,9 @@ LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)|!\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_NAME = re.compile(r"^`([A-Za-z_][\w.]*)(?:\(\))?`$")
 FILE_NAME = re.compile(r"^`([\w./-]+\.(?:py|md|json|png|toml|txt|yml|yaml|cfg|jsonl))`$")
 FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+|\d+(?=\s*%))(?![\w.]*\d)")
+# The one line before a ```text block that says how its output may vary (module docstring).
+VARIES = re.compile(r"^<!-- output varies by CPU: (.+) -->$")
+DECIMAL = re.compile(r"-?\d+\.\d+")
 
 
 @dataclass
@@ -82,6 +93,7 @@ class Block:
     body: str
     end: int  # 1-based line of the closing fence
     section: str = ""  # the heading the block sits under ("" before the first one)
+    varies: str | None = None  # a text block's "output varies by CPU" marker, if it has one
 
 
 def parse_blocks(text: str, source: str = "<tour>") -> list[Block]:
@@ -89,12 +101,16 @@ def parse_blocks(text: str, source: str = "<tour>") -> list[Block]:
     blocks: list[Block] = []
     lines = text.splitlines()
     section = ""
+    varies = None  # the marker on the last non-blank line, if that line was one
     i = 0
     while i < len(lines):
         m = FENCE.match(lines[i])
         if m is None:
             if HEADING.match(lines[i]):
                 section = lines[i].strip()
+            if lines[i].strip():
+                marker = VARIES.match(lines[i].strip())
+                varies = marker.group(1) if marker else None
             i += 1
             continue
         start, lang = i, m.group(1).lower()
@@ -105,7 +121,12 @@ def parse_blocks(text: str, source: str = "<tour>") -> list[Block]:
             i += 1
         if i == len(lines):
             raise ValueError(f"{source}:{start + 1}: code fence opened here is never closed")
-        blocks.append(Block(lang, start + 1, "\n".join(body) + "\n", i + 1, section))
+        if varies is not None and lang != "text":
+            raise ValueError(f"{source}:{start + 1}: an 'output varies by CPU' marker stands "
+                             f"before a ```{lang} block; it belongs right above a ```text block")
+        blocks.append(Block(lang, start + 1, "\n".join(body) + "\n", i + 1, section,
+                            varies if lang == "text" else None))
+        varies = None
         i += 1
     return blocks
 
@@ -120,6 +141,47 @@ class Outcome:
 
 def _normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+def output_rules(varies: str) -> tuple[float, dict[int, str]]:
+    """A marker's clauses, separated by ``;``: ``numbers within P %`` (every decimal number
+    compared within P per cent of the one shown) and ``line N matches REGEX`` (line N, from
+    1, must match REGEX in full: text a trained model writes). Anything else is refused."""
+    tolerance, patterns = 0.0, {}
+    for clause in (c.strip() for c in varies.split(";")):
+        numbers = re.fullmatch(r"numbers within (\d+(?:\.\d+)?) %", clause)
+        line = re.fullmatch(r"line (\d+) matches (.+)", clause)
+        if numbers:
+            tolerance = float(numbers.group(1)) / 100
+        elif line:
+            patterns[int(line.group(1))] = line.group(2)
+        else:
+            raise ValueError(f"output varies by CPU: cannot read {clause!r}; expected "
+                             "'numbers within P %' or 'line N matches REGEX'")
+    return tolerance, patterns
+
+
+def same_output(want: str, got: str, varies: str | None = None) -> bool:
+    """Does ``got`` print what the text block ``want`` shows? Exactly (trailing whitespace
+    aside), or within what the block's "output varies by CPU" marker allows."""
+    want, got = _normalise(want), _normalise(got)
+    if varies is None or want == got:
+        return want == got
+    tolerance, patterns = output_rules(varies)
+    shown, printed = want.splitlines(), got.splitlines()
+    if len(shown) != len(printed):
+        return False
+    for n, (a, b) in enumerate(zip(shown, printed, strict=True), start=1):
+        if n in patterns:
+            if not (re.fullmatch(patterns[n], a) and re.fullmatch(patterns[n], b)):
+                return False
+            continue
+        if DECIMAL.split(a) != DECIMAL.split(b):  # the words around the numbers, exactly
+            return False
+        for x, y in zip(DECIMAL.findall(a), DECIMAL.findall(b), strict=True):
+            if abs(float(y) - float(x)) > tolerance * abs(float(x)):
+                return False
+    return True
 
 
 def output_block(blocks: list[Block], n: int) -> Block | None:
@@ -230,12 +292,14 @@ def describe_failures(path: Path, outcomes: list[Outcome]) -> list[str]:
                             f"it printed:\n{o.actual}")
             continue
         want, got = _normalise(o.expected.body), _normalise(o.actual)
-        if want != got:
+        if not same_output(want, got, o.expected.varies):
             diff = "\n".join(difflib.unified_diff(
                 want.splitlines(), got.splitlines(),
                 f"expected (text block at line {o.expected.line})", "actual output",
                 lineterm=""))
-            problems.append(f"{where}: output differs\n{diff}")
+            allowed = ("" if o.expected.varies is None
+                       else f" by more than its marker allows ({o.expected.varies})")
+            problems.append(f"{where}: output differs{allowed}\n{diff}")
     return problems
 
 
@@ -464,6 +528,23 @@ def test_the_checker_catches_wrong_output_missing_output_and_bad_links(tmp_path:
     assert orphans == ["docs/tour.md:33: this ```text block repeats the output block above it"]
     assert misplaced_orphans == [
         "docs/misplaced.md:11: this ```text block follows no python block in its section"]
+
+
+def test_an_output_that_varies_by_cpu_is_compared_only_as_loosely_as_its_marker_says() -> None:
+    doc = ("```python\nprint(1)\n```\n\n<!-- output varies by CPU: numbers within 2 %; "
+           "line 2 matches 'The .{3,}' -->\n\n```text\nloss 1.500 at step 200\n'The cat'\n```\n")
+    (_, block) = parse_blocks(doc)
+    assert block.varies == "numbers within 2 %; line 2 matches 'The .{3,}'"
+    assert same_output(block.body, "loss 1.520 at step 200\n'The dog'\n", block.varies)
+    assert not same_output(block.body, "loss 1.540 at step 200\n'The dog'\n", block.varies)
+    assert not same_output(block.body, "loss 1.500 at step 201\n'The dog'\n", block.varies)
+    assert not same_output(block.body, "loss 1.500 at step 200\n'A dog'\n", block.varies)
+    assert not same_output(block.body, "loss 1.500 at step 200\n", block.varies)
+    assert not same_output(block.body, "loss 1.501 at step 200\n'The cat'\n")  # no marker
+    with pytest.raises(ValueError, match="cannot read 'numbers roughly'"):
+        same_output("1.0", "1.1", "numbers roughly")
+    with pytest.raises(ValueError, match="belongs right above a ```text block"):
+        parse_blocks("<!-- output varies by CPU: numbers within 2 % -->\n```python\nx\n```\n")
 
 
 def test_figure_drift_names_the_section_and_the_figures() -> None:

@@ -42,13 +42,15 @@ class MultiHeadAttention(nn.Module):
         self.h, self.d, self.bug = num_heads, d_model // num_heads, bug
         self.W_q, self.W_k, self.W_v, self.W_o = (nn.Linear(d_model, d_model) for _ in range(4))
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, cache=None):
         b, t, c = x.shape
         if self.bug == "heads_split":
             q, k, v = (w(x).reshape(b, self.h, t, self.d) for w in (self.W_q, self.W_k, self.W_v))
         else:
             q, k, v = (w(x).view(b, t, self.h, self.d).transpose(1, 2)
                        for w in (self.W_q, self.W_k, self.W_v))  # (B, H, T, D)
+        if cache is not None:  # the keys and values of the tokens before these
+            k, v = cache.add(k, v)  # (B, H, S, D) each
         out, _ = attention(q, k, v, mask, scale=self.bug != "unscaled")
         if self.bug == "heads_merged":
             merged = out.reshape(b, t, c)
@@ -105,8 +107,8 @@ class TransformerBlock(nn.Module):
         self.norm1, self.norm2 = LayerNorm(d_model), LayerNorm(d_model)
         self.residual = residual
 
-    def forward(self, x, mask=None):
-        x = x + self.attn(self.norm1(x), mask)
+    def forward(self, x, mask=None, cache=None):
+        x = x + self.attn(self.norm1(x), mask, cache)
         h = self.ffn(self.norm2(x))
         return x + h if self.residual else h
 
@@ -123,7 +125,7 @@ class MiniLM(nn.Module):
         self.head = nn.Linear(d_model, vocab_size)
         self.mask, self.positions = mask, positions
 
-    def forward(self, ids, positions=None):
+    def forward(self, ids, positions=None, caches=None):
         t = ids.size(1)
         x = self.embed(ids)
         if self.positions:
@@ -131,8 +133,10 @@ class MiniLM(nn.Module):
             x = x + self.pos.pe[0, positions]
         mask = {"causal": causal_mask(t), "transposed": causal_mask(t, transpose=True),
                 "none": None}[self.mask]
-        for block in self.blocks:
-            x = block(x, mask)
+        if caches is not None and t == 1:
+            mask = None  # one new token may see every cached key
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, None if caches is None else caches[i])
         return self.head(self.ln_f(x))
 
 
@@ -169,3 +173,30 @@ def generate_forgetting_the_offset(model, ids, max_new_tokens):
         logits = model(out, positions)
         out = torch.cat([out, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
     return out
+
+
+class KVCache:
+    def __init__(self):
+        self.k = self.v = None  # (B, H, S, D) each, growing along S
+
+    @property
+    def length(self):
+        return 0 if self.k is None else self.k.size(2)
+
+    def add(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def generate_cached(model, ids, max_new_tokens, *, offset=True):
+    """The build track's KV-cache generation: the prompt once, then one token per call, at
+    position ``past`` — or, with ``offset=False``, the bug: at position 0."""
+    caches = [KVCache() for _ in model.blocks]
+    logits = model(ids, caches=caches)  # the prefill
+    for _ in range(max_new_tokens):
+        next_id = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        ids = torch.cat([ids, next_id], dim=1)
+        past = caches[0].length if offset else 0
+        logits = model(next_id, torch.arange(past, past + 1), caches)
+    return ids

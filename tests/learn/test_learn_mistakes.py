@@ -105,7 +105,44 @@ def _tiny_lm(**bug) -> r.MiniLM:
 def test_a_cache_that_forgets_the_offset_is_named() -> None:
     result = learn.check_generate(r.generate_forgetting_the_offset, model=_tiny_lm())
     assert result.mistake == "cache_offset", result.message
+    assert "the logits of the first 1 new token(s) agree" in result.message
     assert learn.check_generate(r.generate, model=_tiny_lm()).passed
+
+
+def test_the_forgotten_offset_is_named_even_when_it_picks_the_same_greedy_tokens() -> None:
+    """Not luck: a model that always picks token 3 (a huge bias on it) makes the buggy cache
+    pick exactly the full recompute's tokens; its logits still give the bug away."""
+    model = _tiny_lm()
+    with torch.no_grad():
+        model.head.bias[3] += 1e3
+    tokens = r.generate_forgetting_the_offset(model, torch.tensor([[4, 5, 6], [7, 8, 9]]), 8)
+    assert tokens[:, 3:].eq(3).all()  # the same tokens as the full recompute's
+    result = learn.check_generate(r.generate_forgetting_the_offset, model=model)
+    assert result.mistake == "cache_offset", result.message
+    assert learn.check_generate(r.generate, model=model).passed
+
+
+def test_a_real_kv_cache_passes_and_the_same_cache_forgetting_its_offset_is_named() -> None:
+    """The cached generation of the build track (prefill, then one token per call), with and
+    without the offset, checked on the model it runs."""
+    model = _tiny_lm()
+    cached = learn.check_generate(partial(r.generate_cached, offset=True), model=model)
+    assert cached.passed, cached.message
+    assert "and the logits they were picked from" in cached.message
+    forgetful = learn.check_generate(partial(r.generate_cached, offset=False), model=model)
+    assert forgetful.mistake == "cache_offset", forgetful.message
+
+
+def test_tokens_not_read_greedily_from_right_logits_are_told_so() -> None:
+    def second_best(model, ids, max_new_tokens):
+        for _ in range(max_new_tokens):
+            logits = model(ids)  # (B, T, V)
+            ids = torch.cat([ids, logits[:, -1].topk(2).indices[:, 1:]], dim=1)
+        return ids
+
+    result = learn.check_generate(second_best, model=_tiny_lm())
+    assert not result.passed and result.mistake is None
+    assert "new token 1 is not the argmax of the last position's logits" in result.message
 
 
 def test_the_correct_lm_trains_like_the_library_and_the_broken_ones_are_named() -> None:

@@ -202,6 +202,39 @@ def _greedy(model: nn.Module, ids: Tensor, steps: int, position: int = -1) -> Te
     return ids
 
 
+LOGIT_TOLERANCE = 1e-3  # a cached step and the full recompute differ by rounding, far below
+
+
+def _recording(model: nn.Module) -> tuple[list[Tensor], Callable[[], None]]:
+    """Record the last position's logits (B, V) of every ``model(...)`` call the reader's
+    generation makes; returns them and the function that stops the recording."""
+    seen: list[Tensor] = []
+
+    def hook(module: nn.Module, args: object, output: object) -> None:
+        if isinstance(output, Tensor) and output.dim() == 3:
+            seen.append(output[:, -1].detach().float())  # (B, V)
+
+    return seen, model.register_forward_hook(hook).remove
+
+
+def _first_logits_off(model: nn.Module, got: Tensor, t: int, seen: list[Tensor]) -> int | None:
+    """The index of the first new token whose logits, as the reader's generation computed
+    them, differ from the full recompute's on the same tokens; None if they all agree, -1 if
+    the calls cannot be lined up with the new tokens (fewer calls, other shapes)."""
+    steps = got.size(1) - t
+    if steps == 0:
+        return None
+    full = model(got[:, :-1]).float()  # (B, T + steps - 1, V): every step at once, causal
+    want = [full[:, t - 1 + k] for k in range(steps)]  # the logits new token k is read from
+    if len(seen) not in (steps, steps + 1) or any(s.shape != w.shape
+                                                 for s, w in zip(seen, want, strict=False)):
+        return -1  # e.g. a generation that calls model.forward directly: tokens only
+    for k, (s, w) in enumerate(zip(seen, want, strict=False)):
+        if not torch.allclose(s, w, rtol=LOGIT_TOLERANCE, atol=LOGIT_TOLERANCE):
+            return k
+    return None
+
+
 @never_raises
 def check_generate(fn: Callable[..., object], model: nn.Module | None = None,
                    prompt: Tensor | None = None, max_new_tokens: int = 8) -> CheckResult:
@@ -209,33 +242,62 @@ def check_generate(fn: Callable[..., object], model: nn.Module | None = None,
     prompt, then greedy tokens. Compared with greedy decoding that recomputes the whole
     sequence at every step (``model(ids)`` returning logits (B, T, V)); pass your own model
     (and a cache inside ``fn``) to check a KV cache. Default: a small untrained
-    ``DecoderLM``."""
+    ``DecoderLM``.
+
+    Equal tokens are not enough: a cache that computes wrong logits can still pick the same
+    greedy tokens. So the logits ``fn`` gets from each ``model(...)`` call (one call per new
+    token, plus at most one unused after the last) are compared with the full recompute's,
+    within ``LOGIT_TOLERANCE``."""
     name = "check_generate"
     model = (_fresh_lm() if model is None else model).eval()
     ids = torch.tensor([[4, 5, 6], [7, 8, 9]]) if prompt is None else prompt  # (B, T)
     b, t = ids.shape
+    seen, stop_recording = _recording(model)
     try:
         with torch.no_grad():
-            got = call_reader(name, f"fn(model, ids, {max_new_tokens})", fn, model, ids,
-                              max_new_tokens)
+            try:
+                got = call_reader(name, f"fn(model, ids, {max_new_tokens})", fn, model, ids,
+                                  max_new_tokens)
+            finally:
+                stop_recording()
             problem = shape_problem("fn", got, (b, t + max_new_tokens))
             if problem is not None:
                 return fail(name, problem)
             want = call_reader(name, "model(ids)", _greedy, model, ids, max_new_tokens)
+            if not torch.equal(got[:, :t], ids):
+                return fail(name, "the output does not start with the prompt")
+            off = call_reader(name, "model(ids)", _first_logits_off, model, got, t, seen)
+            if torch.equal(got, want) and off is None:
+                return passed(name, f"{max_new_tokens} greedy tokens for {b} prompts and the "
+                                    "logits they were picked from, the same as recomputing "
+                                    "the whole sequence at every step")
+            if torch.equal(got, want) and off == -1:
+                return passed(name, f"{max_new_tokens} greedy tokens for {b} prompts, the same "
+                                    "as recomputing the whole sequence at every step (the "
+                                    "model calls could not be lined up with the tokens, so "
+                                    "their logits were not compared)")
+            if not torch.equal(got, want) and torch.equal(
+                    got, _greedy(model, ids, max_new_tokens, position=0)):
+                return fail(name, "the tokens follow the first position's logits",
+                            "generate_wrong_position")
     except ReaderError as err:
         return err.result
-    if not torch.equal(got[:, :t], ids):
-        return fail(name, "the output does not start with the prompt")
-    if torch.equal(got, want):
-        return passed(name, f"{max_new_tokens} greedy tokens for {b} prompts, the same as "
-                            "recomputing the whole sequence at every step")
-    with torch.no_grad():
-        if torch.equal(got, _greedy(model, ids, max_new_tokens, position=0)):
-            return fail(name, "the tokens follow the first position's logits",
-                        "generate_wrong_position")
+    if off is not None and off > 0:  # whether or not the greedy tokens differ too
+        return fail(name, f"the logits of the first {off} new token(s) agree with the full "
+                          f"recompute's, then token {off + 1}'s differ by more than rounding "
+                          f"(over {LOGIT_TOLERANCE:g})", "cache_offset")
+    if off == 0:
+        return fail(name, "the logits of the first new token already differ from the full "
+                          "recompute's: the prompt's own pass (the prefill) computes something "
+                          "else")
     first = int((got[:, t:] != want[:, t:]).any(0).int().argmax())
-    if first > 0:
+    if off == -1 and first > 0:
         return fail(name, f"the first {first} new token(s) agree with the full recompute, "
                           f"then token {first + 1} differs", "cache_offset")
-    return fail(name, f"the first new token already differs: {got[:, t].tolist()} against "
-                      f"{want[:, t].tolist()} (the argmax of the last position's logits)")
+    if off is None:  # the logits are right: the tokens were not picked from them greedily
+        return fail(name, f"new token {first + 1} is not the argmax of the last position's "
+                          f"logits: {got[:, t + first].tolist()} against "
+                          f"{want[:, t + first].tolist()}")
+    return fail(name, f"new token {first + 1} already differs: {got[:, t + first].tolist()} "
+                      f"against {want[:, t + first].tolist()} (the argmax of the last "
+                      "position's logits)")
