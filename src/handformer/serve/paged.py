@@ -14,9 +14,10 @@ cached tokens and ``T`` new ones, it lays the rows out as a left-padded contiguo
               [P - n_i, P)      row i's cached keys/values, gathered from its blocks
               [P, P + T)        the T new tokens, computed by this call
 
-Each layer's ``update`` gathers the cached slots from the pool, appends the new keys and
-values, and scatters the new ones into the request's blocks — then hands the contiguous
-(B, Hkv, P + T, D) keys and values to the model's existing attention kernels.
+Each layer's ``update`` scatters the new keys and values into their requests' blocks, then
+gathers every column — cached and new — from the pool in one copy, and hands the
+(B, Hkv, P + T, D) keys and values (views of that copy) to the model's existing attention
+kernels.
 
 Why a gather and not a fused paged kernel: the gather is a readable copy into the kernels the
 tests already hold equal to torch's. A fused paged-attention kernel (vLLM's) reads the keys
@@ -88,9 +89,10 @@ class _PagedLayer:
         if batch.past == 0:
             full = kv_new  # (B, 2·Hkv, T, D): nothing cached yet
         else:
-            past = self.pool_kv.index_select(0, batch.read_slots)  # (B·P, 2·Hkv, D)
-            past = past.view(b, batch.past, 2 * h, d).permute(0, 2, 1, 3)  # (B, 2·Hkv, P, D)
-            full = torch.cat([past, kv_new], dim=2)  # (B, 2·Hkv, P + T, D)
+            # One gather of every column, the new ones included (just written): no second
+            # copy to append them. Token-major, so the heads are a strided view.
+            full = self.pool_kv.index_select(0, batch.read_slots)  # (B·(P+T), 2·Hkv, D)
+            full = full.view(b, batch.past + t, 2 * h, d).permute(0, 2, 1, 3)  # (B,2·Hkv,P+T,D)
         return full[:, :h], full[:, h:]  # (B, Hkv, P + T, D) each
 
 
@@ -125,10 +127,9 @@ class PagedBatchCache:
         real = position >= 0  # (B, P + T)
         position = position.clamp(min=0)
         # Padding columns read slot 0 of the pool: any finite value, masked out by key_mask.
-        read = torch.where(real[:, : self.past], slot_of.gather(1, position[:, : self.past]),
-                           0)  # (B, P)
-        write = slot_of.gather(1, position[:, self.past :])  # (B, T)
-        self.read_slots = read.flatten().to(device)  # (B·P,)
+        read = torch.where(real, slot_of.gather(1, position), 0)  # (B, P + T)
+        write = read[:, self.past :]  # (B, T): the new tokens' own slots
+        self.read_slots = read.flatten().to(device)  # (B·(P+T),)
         self.write_slots = write.flatten().to(device)  # (B·T,)
         self.key_mask = real.to(device)  # (B, P + T) True = a real token
         self.key_positions = position.to(device)  # (B, P + T)
