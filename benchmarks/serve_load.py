@@ -3,8 +3,8 @@ alone on the same server and against transformers' static batching.
 
 The server is the real command (``handformer serve`` in a process of its own, on loopback),
 the clients are asyncio tasks streaming over HTTP (server-sent events), each request a
-mixed prompt length and ``max_tokens``, greedy. Scenarios, each the median of
-``--repeats`` runs:
+mixed prompt length and ``max_tokens``, greedy. Scenarios, alternated (one of each per
+repeat, so the machine's noise hits them alike), each the median of ``--repeats`` runs:
 
 * ``1 client``: the same requests one after another on the idle server — time to first
   token on an idle server, and the tokens/s one user gets;
@@ -18,6 +18,9 @@ mixed prompt length and ``max_tokens``, greedy. Scenarios, each the median of
   padded into one batch that runs until its longest request ends — transformers'
   ``generate`` on the model converted to GPT-2 (``interop.gpt2``; the ``medium`` preset is
   learned positions + GELU, so it converts). Tokens/s counts the tokens requests asked for.
+
+``--dtype bfloat16`` serves (and runs transformers) in bfloat16 instead of float32. The
+table's caption line names the CPU, torch's ISA level, the threads and the dtype.
 
 Without ``--run`` the model is the ``--preset``'s, randomly initialised (speed does not
 depend on what the weights learned), saved to a temporary run folder with a character
@@ -127,8 +130,8 @@ async def _scenario(base: str, model: str, clients: list[list[Job]]) -> dict[str
         start = time.perf_counter()
         per_client = await asyncio.gather(*(run_client(client, jobs) for jobs in clients))
         wall = time.perf_counter() - start
-        # The server's own high-water mark of blocks held (since it started: the scenarios
-        # run from the lightest to the heaviest).
+        # The server's own high-water mark of blocks held, since it started (so only the
+        # first one-client run, before any crowd, tells that scenario's own peak).
         gauges = {line.split()[0]: int(float(line.split()[1]))
                   for line in (await client.get(f"{base}/metrics")).text.splitlines()
                   if line.startswith(("handformer_kv_blocks_peak ",
@@ -174,10 +177,11 @@ def _summary(name: str, runs: list[dict[str, Any]], reference: list[str] | None,
     return out
 
 
-def _static_batch(run_dir: Path, jobs: list[Job], batch: int, repeats: int,
-                  threads: int) -> dict[str, Any] | str:
-    """transformers' ``generate`` with static batching on the model converted to GPT-2;
-    a string says why it did not run."""
+def _static_batch(run_dir: Path, jobs: list[Job], batch: int, threads: int,
+                  dtype: str) -> float | str:
+    """Wall seconds of transformers' ``generate`` with static batching on the model
+    converted to GPT-2 (after one untimed warm-up group); a string says why it did not run.
+    Greedy, and no end-of-text stop: each group runs until its longest request ends."""
     try:
         import transformers
     except ImportError:
@@ -193,25 +197,38 @@ def _static_batch(run_dir: Path, jobs: list[Job], batch: int, repeats: int,
         return str(err)
     model = transformers.GPT2LMHeadModel(hf_config).eval()
     model.load_state_dict(to_gpt2_state_dict(run.model), strict=True)
+    model = model.to(getattr(torch, dtype))
     tokenizer, pad = run.tokenizer, run.tokenizer.pad_id
     torch.set_num_threads(threads)
-    walls = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for i in range(0, len(jobs), batch):
-            group = jobs[i : i + batch]
-            ids = [tokenizer.encode(j.prompt) for j in group]
-            width = max(map(len, ids))
-            input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
-            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-            with torch.inference_mode():
-                model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
-                               max_new_tokens=max(j.max_tokens for j in group),
-                               pad_token_id=pad, eos_token_id=None)
-        walls.append(time.perf_counter() - start)
+
+    def group_run(group: list[Job]) -> None:
+        ids = [tokenizer.encode(j.prompt) for j in group]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        with torch.inference_mode():
+            model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
+                           max_new_tokens=max(j.max_tokens for j in group),
+                           pad_token_id=pad, eos_token_id=None)
+
+    group_run(jobs[:batch])  # warm-up: the server's first requests warmed it up alike
+    start = time.perf_counter()
+    for i in range(0, len(jobs), batch):
+        group_run(jobs[i : i + batch])
+    return time.perf_counter() - start
+
+
+def _static_summary(walls: list[float | str], jobs: list[Job],
+                    batch: int) -> dict[str, Any] | str | None:
+    """The static-batching row (tokens/s counts the tokens the requests asked for), the
+    reason it did not run, or None when it was not asked for."""
+    if not walls:
+        return None
+    if isinstance(walls[0], str):
+        return walls[0]
     wanted = sum(j.max_tokens for j in jobs)
     return {"scenario": f"static batch of {batch} (transformers)", "requests": len(jobs),
-            "tokens_per_s": wanted / statistics.median(walls), "errors": 0, "mixed_up": 0}
+            "tokens_per_s": wanted / statistics.median(walls), "errors": 0, "mixed_up": 0}  # type: ignore[arg-type]
 
 
 def _free_port() -> int:
@@ -248,7 +265,7 @@ def _start_server(run_dir: Path, port: int, args: argparse.Namespace) -> subproc
            os.environ.get("PYTHONPATH", "")}
     command = [sys.executable, "-m", "handformer", "serve", "--run", str(run_dir), "--port",
                str(port), "--threads", str(args.threads), "--max-batch", str(args.clients),
-               "--block-size", str(args.block_size)]
+               "--block-size", str(args.block_size), "--dtype", args.dtype]
     if args.kv_blocks is not None:
         command += ["--kv-blocks", str(args.kv_blocks)]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
@@ -297,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-blocks", type=int, default=None)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the server's weights and cache, and transformers' model")
     parser.add_argument("--no-static", action="store_true",
                         help="skip the transformers static-batching comparison")
     parser.add_argument("--quick", action="store_true",
@@ -317,24 +336,32 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _wait_up(server, base)
             model = Path(run_dir).resolve().name
-            alone = [asyncio.run(_scenario(base, model, [jobs])) for _ in range(args.repeats)]
-            reference = [r.text for r in alone[0]["results"]]
             # Client c sends jobs c, c + C, c + 2C, ...: the same requests, now concurrent.
             split = [list(range(c, len(jobs), args.clients)) for c in range(args.clients)]
             order = [i for idx in split for i in idx]
-            crowd = [asyncio.run(_scenario(base, model, [[jobs[i] for i in idx]
-                                                         for idx in split]))
-                     for _ in range(args.repeats)]
+            alone, crowd, static_walls = [], [], []
+            for _ in range(args.repeats):  # alternated, so machine noise hits all alike
+                alone.append(asyncio.run(_scenario(base, model, [jobs])))
+                crowd.append(asyncio.run(_scenario(base, model, [[jobs[i] for i in idx]
+                                                                 for idx in split])))
+                if not args.no_static:
+                    static_walls.append(_static_batch(Path(run_dir), jobs, args.clients,
+                                                      args.threads, args.dtype))
+            reference = [r.text for r in alone[0]["results"]]
             rows = [_summary("1 client", alone, reference, list(range(len(jobs)))),
                     _summary(f"{args.clients} clients", crowd, reference, order)]
+            rows[0]["peak_kv_blocks"] = alone[0]["peak_blocks"]  # the later ones saw a crowd
         finally:
             peak_rss = _peak_rss_mib(server.pid)
             server.send_signal(signal.SIGTERM)
             server.wait(120)
-        static = None if args.no_static else _static_batch(Path(run_dir), jobs, args.clients,
-                                                           args.repeats, args.threads)
+        static = _static_summary(static_walls, jobs, args.clients)
         if isinstance(static, dict):
             rows.append(static)
+    from handformer.machine import describe_machine, machine_line
+
+    machine = {**describe_machine(), "threads": args.threads}  # the server's and the peer's
+    print(f"{machine_line(machine)} · {args.dtype}")
     _print_table(rows)
     speedup = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(f"{args.clients} clients / 1 client: {speedup:.2f}x aggregate tokens/s; peak KV "
@@ -351,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
               "preset": None if args.run else args.preset,
               "run": None if args.run is None else str(args.run), "clients": args.clients,
               "requests_per_client": args.requests, "repeats": args.repeats,
-              "threads": args.threads, "rows": rows, "speedup_vs_one_client": speedup,
+              "threads": args.threads, "dtype": args.dtype, "machine": machine, "rows": rows,
+              "speedup_vs_one_client": speedup,
               "ttft_p99_load_over_idle": ttft_ratio, "server_peak_rss_mib": peak_rss,
               "kv_pool_blocks": crowd[0]["pool_blocks"],
               "static_batch_note": static if isinstance(static, str) else None}

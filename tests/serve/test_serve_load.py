@@ -31,3 +31,7 @@ def test_the_load_benchmark_runs_at_a_tiny_size(tmp_path, monkeypatch) -> None:
         assert row["errors"] == 0 and row["mixed_up"] == 0 and row["requests"] == 8
         assert row["tokens_per_s"] > 0 and row["ttft_p50_s"] is not None
     assert 0 < rows["4 clients"]["peak_kv_blocks"] <= report["kv_pool_blocks"]
+    # Where it ran travels with the figures: CPU, ISA level, the server's threads, dtype.
+    assert report["machine"]["cpu"] and report["machine"]["isa"]
+    assert report["machine"]["threads"] == report["threads"] == 1
+    assert report["dtype"] == "float32"
