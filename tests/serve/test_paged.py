@@ -65,6 +65,58 @@ def test_paged_prefill_and_batched_decode_equal_the_contiguous_cache(positional:
                                        rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("positional", ["learned", "rope", "alibi"])
+def test_prefill_chunks_of_different_lengths_in_one_call_equal_one_call_each(
+        positional: str) -> None:
+    """Right-padded rows: each row's logits at its last real token, and what it writes to
+    the pool, are those of its own call; the padding writes nothing."""
+    model = tiny_lm(positional=positional, n_kv_heads=2)
+    torch.manual_seed(2)
+    # Row 0 starts from nothing, rows 1 and 2 continue after 4 and 7 cached tokens.
+    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (6, 7, 9)]
+    cached, new = [0, 4, 7], [6, 3, 2]
+    pools = [KVPool(model.config, num_blocks=12, block_size=4, dtype=torch.float32,
+                    device="cpu") for _ in range(2)]
+    tables = [[0, 1], [5, 2], [9, 3, 7]]
+    with torch.inference_mode():
+        for pool in pools:  # the cached prefixes, one call each
+            for seq, table, n in zip(seqs, tables, cached, strict=True):
+                if n:
+                    model(seq[None, :n], cache=PagedBatchCache(pool, [table], [0], n))
+        alone = [model(seq[None, n : n + k], cache=PagedBatchCache(pools[0], [table], [n],
+                                                                   k))[0, -1]
+                 for seq, table, n, k in zip(seqs, tables, cached, new, strict=True)]
+        ids = torch.stack([torch.cat([s[n : n + k], s[n + k - 1 :].new_full((6 - k,), 3)])
+                           for s, n, k in zip(seqs, cached, new, strict=True)])  # (3, 6)
+        cache = PagedBatchCache(pools[1], tables, cached, new)
+        assert cache.has_padding and len(cache.write_slots) == sum(new)
+        logits = model(ids, cache=cache)  # (3, 6, V)
+    for i, k in enumerate(new):
+        torch.testing.assert_close(logits[i, k - 1], alone[i], rtol=1e-4, atol=1e-4)
+    # Both pools hold the same keys and values in every slot the requests own (and
+    # nothing was written anywhere else: the untouched slots are still zero).
+    owned = sorted(slot for table, n, k in zip(tables, cached, new, strict=True)
+                   for slot in pools[0].slots(table, 0, n + k))
+    torch.testing.assert_close(pools[1].kv[:, owned], pools[0].kv[:, owned],
+                               rtol=1e-4, atol=1e-4)
+    others = [s for s in range(pools[1].kv.shape[1]) if s not in owned]
+    assert torch.count_nonzero(pools[1].kv[:, others]) == 0
+
+
+def test_prefill_groups_share_a_call_only_while_the_padding_stays_small() -> None:
+    from handformer.serve.engine import PREFILL_PADDING, prefill_groups
+
+    chunks = [(object(), n) for n in (2, 30, 28, 64, 3, 29)]
+    groups = prefill_groups(chunks)  # type: ignore[arg-type]
+    sizes = [[n for _, n in g] for g in groups]
+    assert sorted(n for g in sizes for n in g) == sorted(n for _, n in chunks)
+    assert sizes[0] == [64]  # nothing near its length
+    assert [30, 29, 28] in sizes and [3, 2] in sizes
+    for g in sizes:
+        assert len(g) * g[0] <= (1 + PREFILL_PADDING) * sum(g)
+    assert prefill_groups([]) == []
+
+
 def test_a_paged_cache_refuses_what_it_was_not_built_for() -> None:
     model = tiny_lm()
     pool = KVPool(model.config, 4, 4, dtype=torch.float32, device="cpu")

@@ -1,7 +1,8 @@
 """The engine: runs the model on the scheduler's plan, one step at a time, and samples.
 
-``Engine.step()`` asks the ``Scheduler`` for a plan, runs each prefill chunk as one forward
-call and all decoding requests as one batched call — each reading and writing its own blocks
+``Engine.step()`` asks the ``Scheduler`` for a plan, runs the prefill chunks in as few
+forward calls as padding allows (``prefill_groups``) and all decoding requests as one
+batched call — each reading and writing its own blocks
 through a ``PagedBatchCache``, the model's own ``forward`` — then samples every request whose
 context is complete with ``generate.sample_next`` and *its own* ``torch.Generator``, so a
 seeded request draws the same numbers whatever else is in the batch. New text goes to each
@@ -41,9 +42,33 @@ from handformer.serve.paged import KVPool, PagedBatchCache
 from handformer.serve.request import Request, RequestOutput
 from handformer.serve.scheduler import Scheduler
 
-__all__ = ["Engine", "EngineThread", "QueueFullError", "RequestTooLargeError"]
+__all__ = ["PREFILL_PADDING", "Engine", "EngineThread", "QueueFullError",
+           "RequestTooLargeError", "prefill_groups"]
 
 log = logging.getLogger("handformer.serve")
+
+# Prefill chunks share a forward call while the padding to the longest costs at most this
+# share of their real tokens: one call reads the weights once for all of them, but each
+# padded row is computed like a real one.
+PREFILL_PADDING = 0.25
+
+
+def prefill_groups(prefills: list[tuple[Request, int]]) -> list[list[tuple[Request, int]]]:
+    """The step's prefill chunks (request, tokens) in groups for one forward call each:
+    longest first, a chunk joining the current group while the group's padded size
+    (rows × its longest chunk) stays within ``1 + PREFILL_PADDING`` times its real tokens."""
+    groups: list[list[tuple[Request, int]]] = []
+    real = 0
+    for chunk in sorted(prefills, key=lambda c: -c[1]):
+        group = groups[-1] if groups else None
+        if group is not None and (len(group) + 1) * group[0][1] <= (
+                1 + PREFILL_PADDING) * (real + chunk[1]):
+            group.append(chunk)
+            real += chunk[1]
+        else:
+            groups.append([chunk])
+            real = chunk[1]
+    return groups
 
 
 class QueueFullError(RuntimeError):
@@ -200,23 +225,33 @@ class Engine:
                 self._admitted.add(request.id)
                 with self._lock:
                     self._queued -= 1
-        for request, n in plan.prefills:
-            self._forward([request], n)
+        for group in prefill_groups(plan.prefills):
+            self._forward([request for request, _ in group], [n for _, n in group])
         if plan.decodes:
-            self._forward(plan.decodes, 1)
+            self._forward(plan.decodes, [1] * len(plan.decodes))
 
-    def _forward(self, requests: list[Request], t: int) -> None:
-        """Feed ``t`` uncached context tokens of each request; sample for those whose
-        context is then complete."""
-        rows = [r.tokens[r.window_start + r.cached : r.window_start + r.cached + t]
-                for r in requests]
+    def _forward(self, requests: list[Request], counts: list[int]) -> None:
+        """Feed ``counts[i]`` uncached context tokens of request i (rows with fewer than the
+        longest are right-padded with their own last token, masked out); sample for those
+        whose context is then complete."""
+        t = max(counts)
+        rows = []
+        for r, n in zip(requests, counts, strict=True):
+            start = r.window_start + r.cached
+            row = r.tokens[start : start + n]
+            rows.append(row + row[-1:] * (t - n))
         ids = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, T)
         cache = PagedBatchCache(self.pool, [r.table for r in requests],
-                                [r.cached for r in requests], t)
-        logits = self.model(ids, cache=cache, validate=False)[:, -1]  # (B, V)
+                                [r.cached for r in requests], counts)
+        logits = self.model(ids, cache=cache, validate=False)  # (B, T, V)
+        if t == 1 or all(n == t for n in counts):
+            logits = logits[:, -1]  # (B, V)
+        else:  # each row's last real token
+            last = torch.tensor(counts, device=self.device) - 1  # (B,)
+            logits = logits[torch.arange(len(requests), device=self.device), last]  # (B, V)
         ready = []
         for i, request in enumerate(requests):
-            request.cached += t
+            request.cached += counts[i]
             if request.to_compute == 0:
                 ready.append(i)
         greedy = [i for i in ready if requests[i].params.temperature < GREEDY_TEMPERATURE]

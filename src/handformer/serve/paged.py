@@ -8,11 +8,13 @@ values, (L, N·bs, 2·Hkv, D), keys in heads [0, Hkv) and values after them — 
 ``nn.kv_cache.DecoderCache`` (``append_tokens``, ``key_mask``, ``key_positions``,
 ``has_padding``, ``layers[i].update``, ``commit``), so the model runs its own ``forward``
 unchanged — no second copy of attention. For a batch of requests, row ``i`` with ``n_i``
-cached tokens and ``T`` new ones, it lays the rows out as a left-padded contiguous cache:
+cached tokens and ``t_i`` new ones (``T`` = max t_i: every decoding row feeds one, prefill
+chunks differ), it lays the rows out as a padded contiguous cache:
 
     columns   [0, P - n_i)      padding (masked out; P = max n_i)
               [P - n_i, P)      row i's cached keys/values, gathered from its blocks
-              [P, P + T)        the T new tokens, computed by this call
+              [P, P + t_i)      its t_i new tokens, computed by this call
+              [P + t_i, P + T)  padding for a row with fewer new tokens than the longest
 
 Each layer's ``update`` scatters the new keys and values into their requests' blocks, then
 gathers every column — cached and new — from the pool in one copy, and hands the
@@ -83,11 +85,14 @@ class _PagedLayer:
         if start != batch.past:
             raise ValueError(f"a paged cache writes its new tokens after its {batch.past} "
                              f"cached columns; got offset {start}")
-        # The new keys/values into their requests' blocks (token-major, as the pool is).
-        self.pool_kv.index_copy_(0, batch.write_slots,
-                                 kv_new.permute(0, 2, 1, 3).reshape(b * t, 2 * h, d))
+        # The new keys/values into their requests' blocks (token-major, as the pool is);
+        # a ragged batch's padding is left out.
+        rows = kv_new.permute(0, 2, 1, 3).reshape(b * t, 2 * h, d)  # (B·T, 2·Hkv, D)
+        if batch.write_rows is not None:
+            rows = rows.index_select(0, batch.write_rows)  # (real new tokens, 2·Hkv, D)
+        self.pool_kv.index_copy_(0, batch.write_slots, rows)
         if batch.past == 0:
-            full = kv_new  # (B, 2·Hkv, T, D): nothing cached yet
+            full = kv_new  # (B, 2·Hkv, T, D): nothing cached yet (padding masked as keys)
         else:
             # One gather of every column, the new ones included (just written): no second
             # copy to append them. Token-major, so the heads are a strided view.
@@ -100,15 +105,20 @@ class PagedBatchCache:
     """A ``DecoderCache`` look-alike over the pool for one forward call of ``B`` requests.
 
     ``tables[i]`` is request i's block table, ``cached[i]`` how many of its context tokens
-    the pool holds already, and every row feeds ``new_tokens`` new ones; each table must
-    already hold ``cached[i] + new_tokens`` slots (the scheduler allocated them). Used once:
-    the engine builds a new one for every call.
+    the pool holds already, and row i feeds ``new_tokens`` new ones — one count for every
+    row, or one per row (prefill chunks of different lengths in one call: a row with fewer
+    than the longest, T, is right-padded, its padding masked out as keys and never written
+    to the pool; the caller reads row i's logits at its last real token, ``new[i] - 1``).
+    Each table must already hold ``cached[i] + new[i]`` slots (the scheduler allocated
+    them). Used once: the engine builds a new one for every call.
     """
 
     def __init__(self, pool: KVPool, tables: Sequence[Sequence[int]], cached: Sequence[int],
-                 new_tokens: int) -> None:
+                 new_tokens: int | Sequence[int]) -> None:
         device = pool.kv.device
-        b, t, bs = len(tables), new_tokens, pool.block_size
+        b, bs = len(tables), pool.block_size
+        new = [new_tokens] * b if isinstance(new_tokens, int) else list(new_tokens)
+        t = max(new)
         self.batch_size = b
         self.n_kv_heads = pool.n_kv_heads
         self.past = max(cached)  # P
@@ -121,26 +131,32 @@ class PagedBatchCache:
         # p % bs — laid out for every position its table covers.
         slot_of = (padded[:, :, None] * bs + torch.arange(bs)).view(b, widest * bs)  # (B, ·)
         n = torch.tensor(list(cached), dtype=torch.long)  # (B,)
+        counts = torch.tensor(new, dtype=torch.long)  # (B,)
         # Column j of the laid-out cache holds context position j - (P - n_i): negative for
-        # the left padding.
+        # the left padding, past the row's last new token for its right padding.
         position = torch.arange(self.past + t)[None, :] - (self.past - n)[:, None]  # (B, P+T)
-        real = position >= 0  # (B, P + T)
-        position = position.clamp(min=0)
+        last = (n + counts - 1)[:, None]  # (B, 1) each row's last real position
+        real = (position >= 0) & (position <= last)  # (B, P + T)
+        # Padding takes a real row's position (learned tables end at the window).
+        position = torch.minimum(position.clamp(min=0), last)
         # Padding columns read slot 0 of the pool: any finite value, masked out by key_mask.
         read = torch.where(real, slot_of.gather(1, position), 0)  # (B, P + T)
-        write = read[:, self.past :]  # (B, T): the new tokens' own slots
+        real_new = real[:, self.past :]  # (B, T)
+        ragged = any(c != t for c in new)
         self.read_slots = read.flatten().to(device)  # (B·(P+T),)
-        self.write_slots = write.flatten().to(device)  # (B·T,)
+        # The new tokens' own slots, and (ragged rows only) which of the B·T new rows are real.
+        self.write_slots = read[:, self.past :][real_new].to(device)  # (real new tokens,)
+        self.write_rows = real_new.flatten().nonzero().flatten().to(device) if ragged else None
         self.key_mask = real.to(device)  # (B, P + T) True = a real token
         self.key_positions = position.to(device)  # (B, P + T)
         self.next_position = n.to(device)  # (B,)
-        self.has_padding = any(c != self.past for c in cached)
+        self.has_padding = ragged or any(c != self.past for c in cached)
         self.layers = [_PagedLayer(pool.kv[i], self) for i in range(pool.kv.shape[0])]
 
     def append_tokens(self, new_mask: Tensor | None, t: int | None = None
                       ) -> tuple[Tensor, int]:
-        """The new tokens' positions (B, T) and the write offset P; every new token is real
-        (``new_mask`` must be None: rows feed the same number of tokens)."""
+        """The new tokens' positions (B, T) and the write offset P (``new_mask`` must be
+        None: which new tokens are real was fixed when the cache was built)."""
         if new_mask is not None or t != self.capacity - self.past:
             raise ValueError("a paged cache takes exactly the new tokens it was built for, "
                              "with no padding mask")
