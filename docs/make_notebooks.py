@@ -37,8 +37,10 @@ DEFAULT_OUT = ROOT / "notebooks"
 COMMAND = "python docs/make_notebooks.py"
 MARK = "handformer"  # the metadata key of this script's notebooks and cells
 
-TEXT_BLOCK = re.compile(r"\A(?:<!-- output varies by CPU: (.+?) -->\n+)?```text\n(.*?)\n```\n*",
-                        re.S)
+# The line right above a ```text block that says how loosely its output is compared; the
+# tour's test (tests/test_tour.py) reads its clauses with this same pattern.
+VARIES = re.compile(r"<!-- output varies by CPU: (.+?) -->")
+TEXT_BLOCK = re.compile(rf"\A(?:{VARIES.pattern}\n+)?```text\n(.*?)\n```\n*", re.S)
 LINK = re.compile(r"(\]\()([^)\s]+)(\))")
 SETUP = ("# The snippets run from the repository root (they read docs/img/*.json):\n"
          "import os\n\nos.chdir(\"..\")")

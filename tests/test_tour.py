@@ -81,8 +81,19 @@ LINK = re.compile(r"(?<!!)\[([^\]]+)\]\(([^)\s]+)\)|!\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_NAME = re.compile(r"^`([A-Za-z_][\w.]*)(?:\(\))?`$")
 FILE_NAME = re.compile(r"^`([\w./-]+\.(?:py|md|json|png|toml|txt|yml|yaml|cfg|jsonl))`$")
 FIGURE = re.compile(r"(?<![\w.])(\d+\.\d+|\d+(?=\s*%))(?![\w.]*\d)")
-# The one line before a ```text block that says how its output may vary (module docstring).
-VARIES = re.compile(r"^<!-- output varies by CPU: (.+) -->$")
+
+
+def _varies_pattern() -> re.Pattern[str]:
+    """The one line before a ```text block that says how its output may vary (module
+    docstring), as the notebook maker spells it: one pattern for both readers."""
+    spec = importlib.util.spec_from_file_location("make_notebooks",
+                                                  ROOT / "docs" / "make_notebooks.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.VARIES
+
+
+VARIES = _varies_pattern()
 DECIMAL = re.compile(r"-?\d+\.\d+")
 
 
@@ -109,7 +120,7 @@ def parse_blocks(text: str, source: str = "<tour>") -> list[Block]:
             if HEADING.match(lines[i]):
                 section = lines[i].strip()
             if lines[i].strip():
-                marker = VARIES.match(lines[i].strip())
+                marker = VARIES.fullmatch(lines[i].strip())
                 varies = marker.group(1) if marker else None
             i += 1
             continue
