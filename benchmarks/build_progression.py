@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from handformer.data import LMWindows
 from handformer.data.corpora import builtin_text
 from handformer.loss import lm_loss
+from handformer.machine import describe_machine, machine_line
 from handformer.masks import causal_mask
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feedforward import FeedForward
@@ -177,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.tensor([chars.index(c) for c in text])
     cut = int(len(ids) * 0.9)
     train, val = LMWindows(ids[:cut], args.block_size), LMWindows(ids[cut:], args.block_size)
+    machine = describe_machine()
+    print(machine_line(machine))
     results = []
     for stage in STAGES:
         r = run_stage(stage, args, train, val, len(chars))
@@ -185,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
     report = {"benchmark": "build_progression", "settings": vars(args) | {"out": str(args.out)},
               "vocab_size": len(chars), "stages": results,
-              "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
+              "machine": {**machine, "python": sys.version.split()[0],
                           "platform": platform.platform()},
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -49,6 +49,7 @@ import torch
 
 from handformer.config import CLASSIFY_PRESET
 from handformer.jobs.classify import builtin_brackets_data, train_classifier
+from handformer.machine import describe_machine, machine_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         args.lengths, args.contrast_lengths = [32], [64]
         args.steps, args.eval_interval, args.n_val = 60, 20, 64
     torch.set_num_threads(args.threads)
+    machine = describe_machine()
+    print(machine_line(machine))
 
     results = []
     for s in settings(args.lengths, args.contrast_lengths):
@@ -173,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": {k: CLASSIFY_PRESET.train[k] for k in ("lr", "min_lr", "warmup_steps")},
         "settings": vars(args) | {"out": str(args.out)},
         "runs": results,
-        "machine": {"python": sys.version.split()[0], "torch": torch.__version__,
-                    "platform": platform.platform(), "threads": torch.get_num_threads()},
+        "machine": {**machine, "python": sys.version.split()[0],
+                    "platform": platform.platform()},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -59,9 +59,12 @@ def describe_machine() -> dict[str, object]:
 
 
 def machine_line(info: dict[str, object] | None = None) -> str:
-    """One line for a table's caption: ``AMD EPYC … · AVX512 (avx512_bf16) · 2 threads``."""
+    """One line for a table's caption: ``AMD EPYC … · AVX512 (avx512_bf16) · 2 threads``.
+    ``info["threads"]`` may be a text (``"1, 2"``) for a table that runs several counts."""
     info = info or describe_machine()
     ext = [e for e in info["extensions"] if "bf16" in e or "amx" in e]  # type: ignore[union-attr]
     isa = f"{info['isa']}" + (f" ({', '.join(ext)})" if ext else "")
     knobs = "".join(f" · {k}={v}" for k, v in info["knobs"].items())  # type: ignore[union-attr]
-    return f"{info['cpu']} · {isa} · {info['threads']} threads{knobs}"
+    threads = info["threads"]
+    word = "thread" if threads == 1 else "threads"
+    return f"{info['cpu']} · {isa} · {threads} {word}{knobs}"

@@ -15,7 +15,9 @@ def test_quick_run_decodes_handformer_s_tokens(tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime", reason="the 'onnx' test extra is not installed "
                         "(pip install -r requirements-dev.txt)")
     assert onnx_decode.main(["--quick", "--repeats", "1", "--out", str(tmp_path / "o.json")]) == 0
-    rows = json.loads((tmp_path / "o.json").read_text())["rows"]
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert data["machine"]["threads"] == data["threads"]
+    rows = data["rows"]
     assert {r["contender"] for r in rows} == {"handformer (cache)", "onnxruntime (cache)"}
     assert all(r["same_tokens_as_handformer"] and r["tokens_per_s"] > 0 for r in rows)
 
@@ -26,4 +28,5 @@ def test_without_onnxruntime_it_skips_and_says_why(tmp_path: Path,
     monkeypatch.setattr(onnx_decode, "_missing", lambda: ["onnxruntime"])
     assert onnx_decode.main(["--quick", "--out", str(tmp_path / "o.json")]) == 0
     assert "skipped: onnxruntime not installed" in capsys.readouterr().out
-    assert json.loads((tmp_path / "o.json").read_text())["rows"] == []
+    data = json.loads((tmp_path / "o.json").read_text())
+    assert data["rows"] == [] and data["machine"]["cpu"]

@@ -15,7 +15,9 @@ from handformer.bench.speculative_speed import _quick_pairs, main, measure_pair
 def test_quick_run_writes_rows_with_identical_outputs(tmp_path: Path) -> None:
     out = tmp_path / "speculative.json"
     assert main(["--quick", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["machine"]["threads"] == data["threads"]
+    rows = data["rows"]
     speculative = [r for r in rows if "acceptance_rate" in r]
     assert len(speculative) == 2 and all(r["identical"] for r in speculative)
     by_pair = {r["pair"]: r for r in speculative}

@@ -20,6 +20,7 @@ def test_bench_quick_time_to_loss(tmp_path: Path) -> None:
     assert main(["bench", "--quick", "--only", "time_to_loss", "--out-dir", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "time_to_loss.json").read_text())
     assert data["quick"] and data["target"] > 0 and data["threads"] >= 1
+    assert data["machine"]["cpu"] and data["machine"]["threads"] == data["threads"]
     ref, fast = data["rows"]
     assert (ref["preset"], fast["preset"]) == ("shakespeare-char", "shakespeare-fast")
     for row in (ref, fast):
@@ -33,6 +34,11 @@ def test_bench_quick_time_to_loss(tmp_path: Path) -> None:
         first = next(p for p in row["curve"] if p["val_loss"] <= data["target"])
         assert row["reached"] == first and row["steps_run"] == first["step"] > 0
         assert row["paired_seconds_to_target"] > 0
+        # Its share of the floor: model FLOP/s over the matmul FLOP/s measured in its dtype.
+        peak = data["peaks_flops"][row["peak_dtype"]]
+        assert row["share_of_peak"] == pytest.approx(row["achieved_flops"] / peak)
+        assert row["achieved_flops"] == pytest.approx(
+            row["model_flops_per_token"] * row["tokens_per_step"] / row["median_step_ms"] * 1e3)
     assert data["ratio"] == pytest.approx(fast["reached"]["train_seconds"]
                                           / ref["reached"]["train_seconds"])
     assert (tmp_path / "bench.png").stat().st_size > 1000
@@ -125,8 +131,11 @@ def test_step_cost_times_both_recipes_and_writes_the_ratios(tmp_path: Path) -> N
         "--reference-steps", "12", "--fast", "speedrun", "--fast-steps", "4,6",
         "--fast-model", '{"d_model": 16, "n_heads": 2, "n_layers": 1}',
         "--fast-train", '{"batch_size": 4, "seq_warmup_steps": 4, "seq_warmup_start": 16}',
-        "--chunk", "2", "--rounds", "2", "--out", str(out)]) == 0
+        "--chunk", "2", "--rounds", "2", "--peak-n", "128", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
+    assert data["machine"]["threads"] == data["threads"]
+    assert set(data["share_of_peak"]) == {"reference", "fast"}
+    assert all(v > 0 for v in data["share_of_peak"].values())
     assert data["fast_steps"] == [4, 6] and len(data["rounds"]) == 2
     for r in data["rounds"]:
         assert r["reference_step_ms"] > 0 and len(r["ratios"]) == 2
@@ -159,7 +168,8 @@ def test_plain_race_runs_the_contender_once_per_seed(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", [
     ["--fast-steps", "0"], ["--fast-steps", "ten"], ["--chunk", "0"], ["--rounds", "-1"],
-    ["--threads", "0"], ["--reference-timed", "-5"], ["--data", "no/such/file.txt"],
+    ["--threads", "0"], ["--reference-timed", "-5"], ["--peak-n", "0"],
+    ["--data", "no/such/file.txt"],
 ])
 def test_step_cost_refuses_bad_options_in_one_line(bad: list[str], tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from handformer.machine import describe_machine, machine_line
+
 PATHS = ("manual", "sdpa", "tiled")
 B, H, D = 1, 4, 32
 BUDGET_GIB = 12.0  # skip points whose score matrices alone would need more than this
@@ -72,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = args.lengths or ([64, 128] if args.quick else [256, 512, 1024, 2048, 4096, 16384])
     repeats = 1 if args.quick else 3
     rows = []
+    machine = describe_machine()
+    print(machine_line(machine))
     print(f"B={B} H={H} D={D}, causal, fp32; median of {repeats} (one process per point)")
     header = (f"{'T':>6} {'pass':<8} {'path':<7} {'median ms':>10} {'min–max ms':>19} "
               f"{'peak MiB':>9}")
@@ -89,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{1000 * r['min_s']:>9.1f}–{1000 * r['max_s']:<9.1f} "
                           f"{r['peak_mib']:>9.0f}", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"B": B, "H": H, "D": D, "rows": rows}, indent=2))
+    args.out.write_text(json.dumps({"machine": machine, "B": B, "H": H, "D": D, "rows": rows},
+                                   indent=2))
     print(f"\nwrote {args.out}")
 
     return 0

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from handformer.config import ModelConfig
 from handformer.generate import generate
+from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
 from handformer.nn.quantized import Int8Linear, compile_seconds, quantize_weight
@@ -329,6 +330,8 @@ def kernel_rows(shape: tuple[int, int], repeats: int) -> list[dict[str, Any]]:
 
 # -- report -----------------------------------------------------------------------------------
 def print_report(result: dict[str, Any]) -> None:
+    threads = result["machine"]["threads"]  # every count the run took, one pass each
+    print(machine_line({**result["machine"], "threads": ", ".join(map(str, threads))}))
     print(f"torch {torch.__version__}; median of {result['repeats']} alternating repeats after "
           "a warm-up; absolute times on a shared machine are noise, ratios are the figures")
     for kr in result["kernels"]:
@@ -377,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (2 if args.quick else 3)
     before = torch.get_num_threads()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"repeats": repeats, "prompt": PROMPT, "bandwidth": [],
+    result: dict[str, Any] = {"machine": {**describe_machine(), "threads": threads},
+                              "repeats": repeats, "prompt": PROMPT, "bandwidth": [],
                               "kernels": [], "rows": []}
     try:
         for t in threads:

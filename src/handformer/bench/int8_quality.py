@@ -35,6 +35,7 @@ from handformer.data import train_val_split
 from handformer.generate import generate, slide_window
 from handformer.jobs.lm import load_recorded_text
 from handformer.loss import lm_loss
+from handformer.machine import describe_machine, machine_line
 from handformer.models.quantize import quantize_int8
 from handformer.runs import load_run
 
@@ -158,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompts < 1 or args.new_tokens < 1 or args.threads < 1:
         parser.error("--prompts, --new-tokens and --threads must be positive")
     torch.set_num_threads(args.threads)
-    result = quality(args.run, args.prompts, args.new_tokens)
+    print(machine_line())
+    result = {"machine": describe_machine(), **quality(args.run, args.prompts, args.new_tokens)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -29,6 +29,7 @@ import torch
 
 from handformer.config import ModelConfig
 from handformer.generate import generate
+from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 
@@ -106,13 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         reason = (f"skipped: {', '.join(missing)} not installed (pip install "
                   "'handformer[onnx]', or the README's test command)")
         print(reason)
-        args.out.write_text(json.dumps({"skipped": reason, "rows": []}, indent=2))
+        args.out.write_text(json.dumps({"machine": describe_machine(), "skipped": reason,
+                                        "rows": []}, indent=2))
         return 0
     torch.set_num_threads(args.threads)
     repeats = args.repeats or (2 if args.quick else 5)
     cases = QUICK_CASES if args.quick else CASES
     rows = [row for name, case in cases.items()
             for row in run_case(name, case, repeats, args.quick, args.threads)]
+    machine = describe_machine()
+    print(machine_line(machine))
     print(f"torch {torch.__version__}, {args.threads} thread(s) each, median of {repeats} "
           "alternating repeats after a warm-up, batch 1, greedy")
     header = f"{'case':<9} {'contender':<24} {'tok/s':>9} {'ms/tok':>8} {'min–max s':>15}  same"
@@ -127,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         base = by["handformer (cache)"]["median_s"]
         print(f"{name}: onnxruntime (cache) vs handformer (cache) "
               f"{base / by['onnxruntime (cache)']['median_s']:.2f}x speed")
-    args.out.write_text(json.dumps({"repeats": repeats, "threads": args.threads,
+    args.out.write_text(json.dumps({"machine": machine, "repeats": repeats,
+                                    "threads": args.threads,
                                     "rows": rows}, indent=2))
     print(f"\nwrote {args.out}")
     return 0

@@ -44,6 +44,7 @@ from torch import nn
 from handformer.bench.generation_speed import time_alternating
 from handformer.config import ModelConfig
 from handformer.generate import SpeculationStats, generate, speculative_generate
+from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 
 __all__ = ["Pair", "main", "measure_pair", "verify_ratio"]
@@ -236,13 +237,15 @@ def main(argv: list[str] | None = None) -> int:
                                                           transforms)]
     _print_table(rows, repeats, skipped)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "skipped": skipped, "speculate": ks,
+    args.out.write_text(json.dumps({"machine": describe_machine(), "rows": rows,
+                                    "skipped": skipped, "speculate": ks,
                                     "threads": torch.get_num_threads(), "repeats": repeats,
                                     "torch": torch.__version__}, indent=2), encoding="utf-8")
     return 0
 
 
 def _print_table(rows: list[dict], repeats: int, skipped: list[str]) -> None:
+    print(machine_line())
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), batch 1, greedy, "
           f"median of {repeats} alternating repeats after a warm-up")
     for line in skipped:

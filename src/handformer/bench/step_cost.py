@@ -14,6 +14,11 @@ its first N steps really cost. The reference's steps all cost the same, so it tr
 ``cost(contender, N) / cost(reference, M)`` for each contender step N given; it is repeated
 ``--rounds`` times with fresh models and the median ratio reported.
 
+Each recipe's median step is also stated as a share of the FLOP floor (``bench.flops``):
+model FLOPs per step ÷ step time ÷ the matmul FLOP/s measured here, at these threads, in the
+recipe's dtype — a share of *measured* matmul throughput (the practical floor), not of the
+datasheet peak. The JSON's ``"machine"`` names the CPU, ISA level and threads.
+
     python benchmarks/step_cost.py --data tinyshakespeare.txt --threads 1 \\
         --reference-steps 2010 --fast speedrun --fast-steps 235,240,245
 """
@@ -29,12 +34,14 @@ from typing import Any
 
 import torch
 
+from handformer.bench.flops import matmul_peaks, model_flops_per_token, peak_line
 from handformer.bench.time_to_loss import REFERENCE, Recipe, Runner, json_arg
 from handformer.data import train_val_split
 from handformer.data.corpora import builtin_text, read_text_file
+from handformer.machine import describe_machine, machine_line
 from handformer.tokenizers import CharTokenizer
 
-__all__ = ["main", "step_costs"]
+__all__ = ["flop_shares", "main", "step_costs"]
 
 
 def _steps_arg(text: str) -> tuple[int, ...]:
@@ -70,10 +77,28 @@ def step_costs(text: str, reference: Recipe, fast: Recipe, *, fast_steps: int,
             n = min(chunk, reference_timed - ref.trainer.step)
             ms = ref.trainer.fit(stop_at=ref.trainer.step + n).step_ms
             ref_ms.append(statistics.median(ms))
-    return {"reference_step_ms": statistics.median(ref_ms),
+    flops = {f"{name}_flops_per_step": model_flops_per_token(r.model, r.train_cfg.block_size)
+             * r.train_cfg.batch_size * r.train_cfg.block_size * r.train_cfg.grad_accum_steps
+             for name, r in (("reference", ref), ("fast", con))}
+    return {**flops, "reference_precision": ref.trainer.precision.name,
+            "fast_precision": con.trainer.precision.name,
+            "reference_step_ms": statistics.median(ref_ms),
             "fast_median_chunk_ms": statistics.median(
                 (b - a) for a, b in itertools.pairwise(cumulative)),
             "fast_cumulative_ms": cumulative}
+
+
+def flop_shares(rounds: list[dict[str, Any]], peak_n: int = 2048) -> dict[str, Any]:
+    """Each recipe's median step (over the rounds) as achieved model FLOP/s and as a share of
+    the matmul FLOP/s measured now in the dtype it trains in."""
+    dtype = {k: "bfloat16" if rounds[0][f"{k}_precision"] == "bf16" else "float32"
+             for k in ("reference", "fast")}
+    peaks = matmul_peaks(tuple(getattr(torch, d) for d in sorted(set(dtype.values()))), peak_n)
+    step_s = {"reference": statistics.median(r["reference_step_ms"] for r in rounds) / 1000,
+              "fast": statistics.median(r["fast_median_chunk_ms"] for r in rounds) / 1000}
+    achieved = {k: rounds[0][f"{k}_flops_per_step"] / step_s[k] for k in dtype}
+    return {"peaks_flops": peaks, "achieved_flops": achieved,
+            "share_of_peak": {k: achieved[k] / peaks[dtype[k]] for k in dtype}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,12 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--peak-n", type=int, default=2048,
+                        help="side of the square matmul that measures the FLOP floor")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/step_cost.json"))
     args = parser.parse_args(argv)
-    if min(args.reference_steps, args.rounds, args.chunk) <= 0 or args.reference_timed < 0 or (
-            args.threads is not None and args.threads <= 0):
-        parser.error("--reference-steps, --rounds, --chunk and --threads must be positive "
-                     "(--reference-timed >= 0)")
+    if min(args.reference_steps, args.rounds, args.chunk, args.peak_n) <= 0 or (
+            args.reference_timed < 0 or (args.threads is not None and args.threads <= 0)):
+        parser.error("--reference-steps, --rounds, --chunk, --peak-n and --threads must be "
+                     "positive (--reference-timed >= 0)")
     if args.data is not None and not args.data.is_file():
         parser.error(f"--data {args.data}: no such file")
     if args.threads:
@@ -110,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     reference = Recipe("reference", args.reference, {},
                        {"max_steps": max(args.reference_max_steps, args.reference_timed)})
     fast = Recipe("fast", args.fast, args.fast_model, args.fast_train)
+    machine = describe_machine()
+    print(machine_line(machine))
     rounds = []
     for i in range(args.rounds):
         r = step_costs(text, reference, fast, fast_steps=most, chunk=args.chunk,
@@ -126,9 +155,13 @@ def main(argv: list[str] | None = None) -> int:
           + ", ".join(f"{n} steps → {x:.4f}" for n, x in zip(args.fast_steps, per_steps,
                                                              strict=True))
           + f"; mean {statistics.mean(per_steps):.4f}")
+    shares = flop_shares(rounds, args.peak_n)
+    print(peak_line(shares["peaks_flops"]) + "; median step as a share of it: "
+          + ", ".join(f"{k} {100 * v:.1f} %" for k, v in shares["share_of_peak"].items()))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "reference": args.reference, "reference_steps": args.reference_steps,
+        "machine": machine, **shares, "reference": args.reference,
+        "reference_steps": args.reference_steps,
         "fast": args.fast, "fast_model": args.fast_model, "fast_train": args.fast_train,
         "fast_steps": list(args.fast_steps), "chunk": args.chunk,
         "threads": torch.get_num_threads(), "ratios": per_steps,

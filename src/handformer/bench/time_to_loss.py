@@ -18,6 +18,12 @@ change meanwhile. So a second figure is reported beside the clock: the *paired e
 steps to the target × the recipe's median step time over the rounds in which both were
 still training (the same conditions for both).
 
+Each row also states its share of the FLOP floor: model FLOPs per step (``bench.flops``) ÷
+median step time ÷ the matmul FLOP/s measured on this CPU, at these threads, in the dtype the
+recipe trains in, right after the race — a share of *measured* matmul throughput (the
+practical floor), not of the datasheet peak. Times move between CPUs; this share moves less.
+The JSON's ``"machine"`` (and the line above the table) names the CPU, ISA level and threads.
+
     python benchmarks/time_to_loss.py --data tinyshakespeare.txt          # 1.88, the two presets
     python benchmarks/time_to_loss.py --data tinyshakespeare.txt --ablation   # the speedrun log
     python benchmarks/time_to_loss.py --quick                             # tiny; CI runs this
@@ -46,17 +52,19 @@ from typing import Any
 
 import torch
 
+from handformer.bench.flops import matmul_peaks, model_flops_per_token, peak_line
 from handformer.config import get_preset
 from handformer.data import Batch, LMWindows, train_val_split
 from handformer.data.corpora import builtin_text, read_text_file
 from handformer.jobs.lm import build_configs, seed_everything
 from handformer.loss import lm_loss
+from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from handformer.train.trainer import Trainer
 
-__all__ = ["LADDER", "Lever", "Recipe", "Runner", "evaluate", "json_arg", "ladder_recipes", "main",
-           "race"]
+__all__ = ["LADDER", "Lever", "Recipe", "Runner", "add_flop_share", "evaluate", "json_arg",
+           "ladder_recipes", "main", "race"]
 
 REFERENCE, FAST = "shakespeare-char", "shakespeare-fast"
 # The quick (CI) mode shrinks both recipes to a few seconds; it checks that the code runs,
@@ -203,6 +211,8 @@ class Runner:
             "model_overrides": self.recipe.model, "train_overrides": self.recipe.train,
             "model": self.model_cfg.to_dict(), "train": tcfg.to_dict(),
             "parameters": self.model.num_parameters(),
+            "precision": self.trainer.precision.name,
+            "model_flops_per_token": model_flops_per_token(self.model, tcfg.block_size),
             "tokens_per_step": tcfg.batch_size * tcfg.block_size * tcfg.grad_accum_steps,
             "median_step_ms": statistics.median(self.step_ms) if self.step_ms else math.nan,
             "paired_median_step_ms": paired,
@@ -353,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     eval_block = get_preset(args.reference).train.get("block_size", 64)
     threads = torch.get_num_threads()
     source = "built-in text" if args.data is None else str(args.data)
+    machine = describe_machine()
+    print(machine_line(machine))
     print(f"target val loss {target} on {source} ({len(text):,} chars); "
           f"{eval_windows} validation windows of {eval_block}, fp32, every {eval_every} steps; "
           f"{threads} torch thread(s); clock = training steps only (evaluation excluded)")
@@ -360,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = race(text, recipes, target=target, eval_every=eval_every, chunk=args.chunk,
                 eval_windows=eval_windows, eval_block=eval_block)
     wall = time.perf_counter() - t0
+    dtypes = {torch.bfloat16 if r["precision"] == "bf16" else torch.float32 for r in rows}
+    peaks = matmul_peaks(tuple(sorted(dtypes, key=str)), 512 if args.quick else 2048)
+    print(peak_line(peaks))
+    for row in rows:
+        add_flop_share(row, peaks)
     ref = rows[0]
     for row, recipe in zip(rows[1:], contenders, strict=True):
         row["command"] = _command(args.data or "<built-in>", threads, recipe, target)
@@ -383,13 +400,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{seeds['clock_max']:.3f})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "target": target, "data": source, "characters": len(text), "threads": threads,
+        "machine": machine, "peaks_flops": peaks, "target": target, "data": source,
+        "characters": len(text), "threads": threads,
         "eval_every": eval_every, "eval_windows": eval_windows, "eval_block": eval_block,
         "quick": args.quick, "ratio": ratio, "ablation": args.ablation, "final_seeds": seeds,
         "paired_ratio": paired_ratio, "chunk": args.chunk, "wall_seconds": wall,
         "rows": rows}, indent=2))
     print(f"\nwrote {args.out}")
     return 0
+
+
+def add_flop_share(row: dict[str, Any], peaks: dict[str, float]) -> None:
+    """Put a summary row's achieved model FLOP/s and its share of the measured matmul peak in
+    the dtype it trained in (bf16 autocast runs its matmuls in bfloat16) into the row."""
+    dtype = "bfloat16" if row["precision"] == "bf16" else "float32"
+    achieved = (row["model_flops_per_token"] * row["tokens_per_step"]
+                / (row["median_step_ms"] / 1000.0))
+    row.update(achieved_flops=achieved, peak_dtype=dtype, share_of_peak=achieved / peaks[dtype])
 
 
 def _seed_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -407,7 +434,8 @@ def _seed_summary(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
     header = (f"{'recipe':<44} {'params':>8} {'ms/step':>8} {'paired ms':>9} {'steps':>6} "
-              f"{'train s':>8} {'paired s':>8} {'ratio':>6} {'paired':>6} {'best val':>8}")
+              f"{'train s':>8} {'paired s':>8} {'ratio':>6} {'paired':>6} {'best val':>8} "
+              f"{'% peak':>6}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -422,7 +450,10 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{r['label'][:44]:<44} {r['parameters']:>8,} {r['median_step_ms']:>8.1f} "
               f"{r['paired_median_step_ms']:>9.1f} {steps} {secs} {est_s} "
               f"{'' if ratio is None else f'{ratio:.3f}':>6} "
-              f"{'' if paired is None else f'{paired:.3f}':>6} {r['best_val_loss']:>8.4f}")
+              f"{'' if paired is None else f'{paired:.3f}':>6} {r['best_val_loss']:>8.4f} "
+              f"{100 * r['share_of_peak']:>5.1f}%")
+    print("% peak: achieved model FLOP/s ÷ the measured matmul FLOP/s in the recipe's dtype "
+          "(the practical floor on this CPU)")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from handformer.data.corpora import builtin_text, read_text_file
+from handformer.machine import describe_machine, machine_line
 from handformer.tokenizers import BPETokenizer, CharTokenizer
 
 RESULTS = Path("benchmarks/results/tokenizer_throughput.json")
@@ -145,12 +146,15 @@ def main(argv: list[str] | None = None) -> int:
 
     times = time_contenders(funcs, text, repeats)
     rows = summarise(times, len(text))
+    machine = describe_machine()
+    print(machine_line(machine))
     print(f"tokenizer throughput: {len(text):,} chars from {source}, vocab {tok.vocab_size}, "
           f"{repeats} repeats after a warm-up (alternating)")
     print(format_table(rows))
 
     result = {
         "benchmark": "tokenizer_throughput",
+        "machine": machine,
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "source": source,
         "n_chars": len(text),

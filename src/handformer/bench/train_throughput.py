@@ -8,11 +8,14 @@ so load on the machine hits them alike. Also measured in the same run:
 * the fp32 (and bf16) matmul peak of this machine, from large square matmuls;
 * the *matmul bound* of a step: the time of the step's own matrix multiplies (forward and
   backward, same shapes) run alone — what a step would cost with zero overhead;
-* MFU: achieved FLOP/s ((6·N + 12·L·C·T) per token, N = matmul parameters) / fp32 peak.
+* MFU: achieved FLOP/s ((6·N + 12·L·C·T) per token, N = matmul parameters) / the *measured*
+  matmul peak in the row's dtype (``bench.flops``): a share of the practical floor on this
+  CPU, not of a datasheet peak, so it can be compared across CPUs where a time cannot.
 
-The peak and the bound are timed *in the same rounds* as the steps (one n×n matmul, and the
-step's matmuls, alternated with the contenders), so a busy machine slows them alike and the
-ratios (bound/step, MFU) stay meaningful; the peak is the median of those rounds.
+The peaks and the bound are timed *in the same rounds* as the steps (one n×n matmul per
+dtype, and the step's matmuls, alternated with the contenders), so a busy machine slows them
+alike and the ratios (bound/step, MFU) stay meaningful; a peak is the median of those rounds.
+The JSON's ``"machine"`` (and the line above the table) names the CPU, ISA level and threads.
 
     python benchmarks/train_throughput.py                  # small and medium configurations
     python benchmarks/train_throughput.py --quick          # tiny; CI runs this so it never rots
@@ -31,8 +34,10 @@ from pathlib import Path
 
 import torch
 
+from handformer.bench.flops import make_matmul, matmul_peaks, model_flops_per_token, peak_line
 from handformer.config import ModelConfig
 from handformer.loss import lm_loss
+from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 
 VOCAB = 65
@@ -42,25 +47,8 @@ CONFIGS = {
 }
 BOUND = "matmuls alone (the bound)"
 PEAK = "n×n matmul (the peak)"
+PEAK_BF16 = "n×n bf16 matmul (the bf16 peak)"
 QUICK = {"tiny": dict(n_layers=2, n_heads=2, d_model=32, window=16, batch=4)}
-
-
-def make_peak(dtype: torch.dtype, n: int) -> Callable[[], None]:
-    """One n×n×n matmul: the best this machine does for dense math (2·n³ FLOP)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    return lambda: a @ b
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
-    """FLOP/s of an n×n×n matmul, median of ``reps`` after a warm-up."""
-    run = make_peak(dtype, n)
-    run()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return 2 * n**3 / statistics.median(times)
 
 
 def step_matmul_shapes(cfg: dict) -> list[tuple[int, int, int, int]]:
@@ -95,9 +83,9 @@ def make_matmul_bound(cfg: dict, dtype: torch.dtype) -> Callable[[], None]:
 
 
 def flops_per_step(cfg: dict) -> float:
-    c, layers, t = cfg["d_model"], cfg["n_layers"], cfg["window"]
-    n_matmul = layers * 12 * c * c + c * VOCAB
-    return cfg["batch"] * t * (6 * n_matmul + 12 * layers * c * t)
+    """Model FLOPs of one training step (``bench.flops.model_flops_per_token``)."""
+    model = build_handformer(cfg, "sdpa")
+    return cfg["batch"] * cfg["window"] * model_flops_per_token(model, cfg["window"])
 
 
 def build_handformer(cfg: dict, attention: str, vocab: int = VOCAB) -> torch.nn.Module:
@@ -204,7 +192,9 @@ def run_config(name: str, cfg: dict, repeats: int, bf16: bool, compile_: bool,
                 build_hf(cfg), lambda m, x: m(input_ids=x).logits, ids, True)
     timed: dict[str, Callable[[], object]] = {**contenders,
                                               BOUND: make_matmul_bound(cfg, torch.float32),
-                                              PEAK: make_peak(torch.float32, peak_n)}
+                                              PEAK: make_matmul(torch.float32, peak_n)}
+    if bf16:
+        timed[PEAK_BF16] = make_matmul(torch.bfloat16, peak_n)
     for step in timed.values():  # warm-up (and compile)
         for _ in range(2):
             step()
@@ -216,16 +206,20 @@ def run_config(name: str, cfg: dict, repeats: int, bf16: bool, compile_: bool,
             times[label].append(time.perf_counter() - t0)
     bound = statistics.median(times.pop(BOUND))
     peak = 2 * peak_n**3 / statistics.median(times.pop(PEAK))
+    peak_bf16 = 2 * peak_n**3 / statistics.median(times.pop(PEAK_BF16)) if bf16 else None
     tokens = cfg["batch"] * cfg["window"]
     flops = flops_per_step(cfg)
     rows = []
     for label, ts in times.items():
         med = statistics.median(ts)
+        in_bf16 = "bf16" in label
+        row_peak = peak_bf16 if in_bf16 else peak
         rows.append({"config": name, "contender": label, "median_ms": 1000 * med,
                      "min_ms": 1000 * min(ts), "max_ms": 1000 * max(ts),
                      "tokens_per_s": tokens / med, "matmul_bound_ms": 1000 * bound,
-                     "bound_over_step": bound / med,
-                     "peak_fp32_flops": peak, "mfu_fp32": flops / med / peak})
+                     "bound_over_step": bound / med, "achieved_flops": flops / med,
+                     "peak_fp32_flops": peak, "peak_dtype": "bfloat16" if in_bf16 else "float32",
+                     "mfu": flops / med / row_peak})
     return rows
 
 
@@ -246,11 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     configs = QUICK if args.quick else {k: CONFIGS[k] for k in (args.configs or CONFIGS)}
     repeats = args.repeats or (2 if args.quick else 15)
     peak_n = 512 if args.quick else 2048
-    peaks = {"float32": matmul_peak(torch.float32, peak_n)}
-    if args.bf16:
-        peaks["bfloat16"] = matmul_peak(torch.bfloat16, peak_n)
-    print(f"{torch.get_num_threads()} torch thread(s); matmul peak before the rounds: "
-          + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()))
+    machine = describe_machine()
+    peaks = matmul_peaks((torch.float32, torch.bfloat16) if args.bf16 else (torch.float32,),
+                         peak_n)
+    print(machine_line(machine))
+    print(f"before the rounds, {peak_line(peaks)}")
     rows = [r for name, cfg in configs.items()
             for r in run_config(name, cfg, repeats, args.bf16, args.compile, peak_n)]
     header = (f"{'config':<7} {'contender':<36} {'median ms':>9} {'min–max ms':>15} "
@@ -260,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"{r['config']:<7} {r['contender']:<36} {r['median_ms']:>9.1f} "
               f"{r['min_ms']:>7.1f}–{r['max_ms']:<7.1f} {r['tokens_per_s']:>8.0f} "
-              f"{100 * r['bound_over_step']:>9.0f}% {100 * r['mfu_fp32']:>5.0f}%")
+              f"{100 * r['bound_over_step']:>9.0f}% {100 * r['mfu']:>5.0f}%")
     bounds = [f"{r['config']} {r['matmul_bound_ms']:.1f} ms" for r in rows
               if r["contender"] == "handformer sdpa"]
     print("matmul bound of a step (its matmuls alone): " + ", ".join(bounds))
@@ -268,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                  if r["contender"] == "handformer sdpa"]
     print(f"fp32 peak in the rounds ({peak_n}³ matmul, median), GFLOP/s: "
           + ", ".join(in_rounds))
+    print("MFU = achieved model FLOP/s ÷ the measured matmul peak in the row's dtype (the "
+          "practical floor on this CPU, not the datasheet peak)")
     for name in configs:
         by = {r["contender"]: r["median_ms"] for r in rows if r["config"] == name}
         if "HF GPT2LMHeadModel" in by:
@@ -293,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step time in these rounds: fp32 {curves['median_ms']['fp32']:.0f} ms, bf16 "
               f"{curves['median_ms']['bf16']:.0f} ms ({curves['speedup']:.2f}x)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"peaks_flops": peaks, "repeats": repeats, "rows": rows,
+    args.out.write_text(json.dumps({"machine": machine, "peaks_flops": peaks,
+                                    "repeats": repeats, "rows": rows,
                                     "threads": torch.get_num_threads(),
                                     "loss_curves": curves}, indent=2))
     print(f"\nwrote {args.out}")
