@@ -55,6 +55,6 @@ def model_flops_per_token(model: nn.Module, window: int) -> float:
 
 
 def peak_line(peaks: dict[str, float]) -> str:
-    """``measured matmul peak: float32 112 GFLOP/s, bfloat16 410 GFLOP/s``."""
+    """``measured matmul peak: float32 X GFLOP/s, bfloat16 Y GFLOP/s``."""
     return "measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s"
                                                 for k, v in peaks.items())
