@@ -302,8 +302,8 @@ def describe_failures(path: Path, outcomes: list[Outcome]) -> list[str]:
                             f"in its own section ({o.block.section or 'before any heading'}); "
                             f"it printed:\n{o.actual}")
             continue
-        want, got = _normalise(o.expected.body), _normalise(o.actual)
-        if not same_output(want, got, o.expected.varies):
+        if not same_output(o.expected.body, o.actual, o.expected.varies):
+            want, got = _normalise(o.expected.body), _normalise(o.actual)  # for the diff
             diff = "\n".join(difflib.unified_diff(
                 want.splitlines(), got.splitlines(),
                 f"expected (text block at line {o.expected.line})", "actual output",

@@ -35,6 +35,26 @@ __all__ = ["check_block", "check_feed_forward", "check_layer_norm", "check_posit
 B, T = 2, 6
 
 
+def _run_reader_layer(name: str, construct: str, cls: Callable[..., nn.Module],
+                      args: tuple[int, ...], call: str, *inputs: Tensor,
+                      shape: tuple[int, ...]) -> tuple[nn.Module, Tensor] | CheckResult:
+    """The reader's layer built as ``construct`` says (``cls(*args)``, in eval mode) and
+    called as ``call`` says on ``inputs`` without gradients: (the layer, its output as
+    float32 — a float64 answer is compared too), or the result that fails the check (it
+    raised, or its output is not a finite tensor of ``shape``)."""
+    try:
+        layer = call_reader(name, construct, cls, *args)
+        layer.eval()
+        with torch.no_grad():
+            got = as_output(call_reader(name, call, layer, *inputs))
+    except ReaderError as err:
+        return err.result
+    problem = shape_problem(call, got, shape)
+    if problem is not None:
+        return fail(name, problem)
+    return layer, got.float()  # type: ignore[union-attr]
+
+
 @never_raises
 def check_positional_encoding(cls: Callable[..., nn.Module], d_model: int = 16,
                               max_len: int = 64) -> CheckResult:
@@ -44,16 +64,11 @@ def check_positional_encoding(cls: Callable[..., nn.Module], d_model: int = 16,
     name = "check_positional_encoding"
     torch.manual_seed(0)
     x = torch.randn(B, T, d_model)  # (B, T, C)
-    try:
-        layer = call_reader(name, f"cls({d_model}, {max_len})", cls, d_model, max_len)
-        with torch.no_grad():
-            got = call_reader(name, "forward(x)", layer, x)
-    except ReaderError as err:
-        return err.result
-    problem = shape_problem("forward(x)", got, (B, T, d_model))
-    if problem is not None:
-        return fail(name, problem)
-    got = got.float()  # a float64 answer is compared too
+    ran = _run_reader_layer(name, f"cls({d_model}, {max_len})", cls, (d_model, max_len),
+                            "forward(x)", x, shape=(B, T, d_model))
+    if isinstance(ran, CheckResult):
+        return ran
+    _, got = ran
     pe = SinusoidalPositions(d_model)(torch.arange(T))  # (T, C)
     want = x + pe
     if torch.allclose(got, want, atol=1e-5):
@@ -81,16 +96,11 @@ def check_layer_norm(cls: Callable[..., nn.Module], d_model: int = 16) -> CheckR
     name = "check_layer_norm"
     torch.manual_seed(0)
     x = torch.randn(B, T, d_model) * 3 + 1  # (B, T, C)
-    try:
-        layer = call_reader(name, f"cls({d_model})", cls, d_model)
-        with torch.no_grad():
-            got = call_reader(name, "forward(x)", layer, x)
-    except ReaderError as err:
-        return err.result
-    problem = shape_problem("forward(x)", got, (B, T, d_model))
-    if problem is not None:
-        return fail(name, problem)
-    got = got.float()  # a float64 answer is compared too
+    ran = _run_reader_layer(name, f"cls({d_model})", cls, (d_model,), "forward(x)", x,
+                            shape=(B, T, d_model))
+    if isinstance(ran, CheckResult):
+        return ran
+    layer, got = ran
     want = F.layer_norm(x, (d_model,))  # a fresh gain is 1 and bias 0
     if not torch.allclose(got, want, atol=1e-4):
         def norm_over(dim: int, unbiased: bool = False) -> Tensor:
@@ -124,17 +134,11 @@ def check_feed_forward(cls: Callable[..., nn.Module], d_model: int = 16,
     name = "check_feed_forward"
     torch.manual_seed(0)
     x = torch.randn(B, T, d_model)  # (B, T, C)
-    try:
-        layer = call_reader(name, f"cls({d_model}, {d_ff})", cls, d_model, d_ff)
-        layer.eval()
-        with torch.no_grad():
-            got = call_reader(name, "forward(x)", layer, x)
-    except ReaderError as err:
-        return err.result
-    problem = shape_problem("forward(x)", got, (B, T, d_model))
-    if problem is not None:
-        return fail(name, problem)
-    got = got.float()  # a float64 answer is compared too
+    ran = _run_reader_layer(name, f"cls({d_model}, {d_ff})", cls, (d_model, d_ff),
+                            "forward(x)", x, shape=(B, T, d_model))
+    if isinstance(ran, CheckResult):
+        return ran
+    layer, got = ran
     found = linears(layer)
     shapes = [tuple(lin.weight.shape) for lin in found]
     if shapes != [(d_ff, d_model), (d_model, d_ff)]:
@@ -177,47 +181,42 @@ def check_block(cls: Callable[..., nn.Module], d_model: int = 16, num_heads: int
     torch.manual_seed(0)
     x = torch.randn(B, T, d_model)  # (B, T, C)
     mask = causal_mask(T)
-    try:
-        block = call_reader(name, f"cls({d_model}, {num_heads}, {d_ff})", cls,
-                            d_model, num_heads, d_ff)
-        block.eval()
-        with torch.no_grad():
-            got = as_output(call_reader(name, "forward(x, mask)", block, x, mask))
-            problem = shape_problem("forward(x, mask)", got, (B, T, d_model))
-            if problem is not None:
-                return fail(name, problem)
-            got = got.float()  # a float64 answer is compared too
-            found, norms = linears(block), _norms(block, d_model)
-            if len(found) != 6 or len(norms) != 2:
-                return fail(name, f"cannot compare: found {len(found)} nn.Linear layers and "
-                                  f"{len(norms)} LayerNorms; expected 6 (q, k, v, out, FFN in, "
-                                  "FFN out) and 2")
-            for activation in ("relu", "gelu"):
-                ref = TransformerBlock(d_model, num_heads, d_ff, norm="pre",
-                                       activation=activation).eval()
-                why = copy_attention_weights(found[:4], ref.self_attn)
-                if why is not None:
-                    return fail(name, f"cannot compare the attention: {why}")
-                ref.ffn.fc_in.load_state_dict(found[4].state_dict())
-                ref.ffn.fc_out.load_state_dict(found[5].state_dict())
-                for mine, theirs in ((norms[0], ref.norm1), (norms[1], ref.norm2)):
-                    gain, bias = mine.parameters(recurse=False)
-                    theirs.weight.copy_(gain)
-                    theirs.bias.copy_(bias)
-                want = ref(x, mask=mask)
-                if torch.allclose(got, want, atol=1e-5):
-                    return passed(name, f"pre-norm block ({activation} FFN) equals "
-                                        "TransformerBlock with your weights, under a causal "
-                                        "mask")
-                h = ref.self_attn(ref.norm1(x), mask=mask)[0]  # (B, T, C)
-                no_attn_residual = h + ref.ffn(ref.norm2(h))
-                no_ffn_residual = ref.ffn(ref.norm2(x + h))
-                if any(torch.allclose(got, z, atol=1e-5)
-                       for z in (no_attn_residual, no_ffn_residual)):
-                    return fail(name, "the output equals the block without one of its "
-                                      "residual connections", "no_residual")
-    except ReaderError as err:
-        return err.result
+    ran = _run_reader_layer(name, f"cls({d_model}, {num_heads}, {d_ff})", cls,
+                            (d_model, num_heads, d_ff), "forward(x, mask)", x, mask,
+                            shape=(B, T, d_model))
+    if isinstance(ran, CheckResult):
+        return ran
+    block, got = ran
+    with torch.no_grad():
+        found, norms = linears(block), _norms(block, d_model)
+        if len(found) != 6 or len(norms) != 2:
+            return fail(name, f"cannot compare: found {len(found)} nn.Linear layers and "
+                              f"{len(norms)} LayerNorms; expected 6 (q, k, v, out, FFN in, "
+                              "FFN out) and 2")
+        for activation in ("relu", "gelu"):
+            ref = TransformerBlock(d_model, num_heads, d_ff, norm="pre",
+                                   activation=activation).eval()
+            why = copy_attention_weights(found[:4], ref.self_attn)
+            if why is not None:
+                return fail(name, f"cannot compare the attention: {why}")
+            ref.ffn.fc_in.load_state_dict(found[4].state_dict())
+            ref.ffn.fc_out.load_state_dict(found[5].state_dict())
+            for mine, theirs in ((norms[0], ref.norm1), (norms[1], ref.norm2)):
+                gain, bias = mine.parameters(recurse=False)
+                theirs.weight.copy_(gain)
+                theirs.bias.copy_(bias)
+            want = ref(x, mask=mask)
+            if torch.allclose(got, want, atol=1e-5):
+                return passed(name, f"pre-norm block ({activation} FFN) equals "
+                                    "TransformerBlock with your weights, under a causal "
+                                    "mask")
+            h = ref.self_attn(ref.norm1(x), mask=mask)[0]  # (B, T, C)
+            no_attn_residual = h + ref.ffn(ref.norm2(h))
+            no_ffn_residual = ref.ffn(ref.norm2(x + h))
+            if any(torch.allclose(got, z, atol=1e-5)
+                   for z in (no_attn_residual, no_ffn_residual)):
+                return fail(name, "the output equals the block without one of its "
+                                  "residual connections", "no_residual")
     return fail(name, f"the output differs from the pre-norm TransformerBlock's by up to "
                       f"{(got - want).abs().max().item():.3g}; check each sub-layer on its "
                       "own (check_multi_head, check_feed_forward, check_layer_norm) and the "
