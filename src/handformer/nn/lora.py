@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +108,26 @@ class LoRAAdapter(nn.Module):
         return self.scale * F.linear(h, self.lora_B)  # (…, n)
 
 
+class _AddToSpans(torch.autograd.Function):
+    """``out[:, start:stop] += update`` for each span, in place, with the backward an addition
+    has: the incoming gradient goes on to ``out`` as it is, and each update gets its span of
+    it. Autograd's own in-place slice write cannot know the op is an addition, so for every
+    span it would copy the whole (M, N) gradient and zero the span before handing it on."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, spans: tuple[tuple[int, int], ...],
+                *updates: Tensor) -> Tensor:
+        for (start, stop), update in zip(spans, updates, strict=True):
+            out[:, start:stop] += update  # (M, n)
+        ctx.mark_dirty(out)
+        ctx.spans = spans
+        return out  # (M, N)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        return (grad, None, *(grad[:, start:stop] for start, stop in ctx.spans))
+
+
 class LoRALinear(nn.Linear):
     """A frozen ``nn.Linear`` with LoRA pairs on named spans of its output rows.
 
@@ -133,14 +154,17 @@ class LoRALinear(nn.Linear):
         self.merged = False
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.linear(x, self.weight, self.bias)  # (…, N)
         if self.merged:
-            return out
+            return F.linear(x, self.weight, self.bias)  # (…, N)
         # Rows without an adapter pass through; each adapted span gets its own update, added
-        # in place (the frozen product is not saved for backward, so no copy of all N rows).
-        for adapter in self.adapters.values():
-            out[..., adapter.start:adapter.stop] += adapter(x)  # (…, n)
-        return out
+        # in place into the frozen product (which backward does not need). The product is
+        # taken over flattened rows so that it is a tensor of its own, not a view: autograd
+        # would otherwise route the in-place write through the view's base.
+        rows = x.reshape(-1, self.in_features)  # (M, K), M = all leading dims
+        out = F.linear(rows, self.weight, self.bias)  # (M, N)
+        spans = tuple((a.start, a.stop) for a in self.adapters.values())
+        out = _AddToSpans.apply(out, spans, *(a(rows) for a in self.adapters.values()))
+        return out.view(*x.shape[:-1], self.out_features)  # (…, N)
 
     @torch.no_grad()
     def merge(self) -> None:
