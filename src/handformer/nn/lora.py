@@ -31,12 +31,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.dropout import apply_dropout
 from handformer.nn.feedforward import FeedForward
 
 __all__ = ["LORA_GROUPS", "LORA_TARGETS", "LoRAAdapter", "LoRAConfig", "LoRAError",
@@ -84,11 +86,10 @@ class LoRAConfig:
 
 
 class LoRAAdapter(nn.Module):
-    """One low-rank pair for output rows ``[start, stop)`` of a stacked linear layer:
-    x (…, K) → (alpha / r) · dropout(x)·Aᵀ·Bᵀ (…, n)."""
+    """One low-rank pair for output rows ``[start, stop)`` of a stacked linear layer: its
+    update is (alpha / r)·B·A (n, K). ``LoRALinear`` runs it (with the layer's other pairs)."""
 
-    def __init__(self, in_features: int, start: int, stop: int, r: int, scale: float,
-                 dropout: float) -> None:
+    def __init__(self, in_features: int, start: int, stop: int, r: int, scale: float) -> None:
         super().__init__()
         self.start, self.stop, self.r, self.scale = start, stop, r, scale
         self.lora_A = nn.Parameter(torch.empty(r, in_features))  # (r, K)
@@ -96,15 +97,30 @@ class LoRAAdapter(nn.Module):
         # nn.Linear's own initialisation of a (r, K) weight: the update starts at zero
         # because B does, while A already points in random directions for B to learn along.
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.dropout = nn.Dropout(dropout)
 
     def delta_weight(self) -> Tensor:
         """The update this pair adds to its rows: (alpha / r)·B·A, (n, K)."""
         return self.scale * (self.lora_B @ self.lora_A)
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = F.linear(self.dropout(x), self.lora_A)  # (…, r)
-        return self.scale * F.linear(h, self.lora_B)  # (…, n)
+
+class _AddToSpans(torch.autograd.Function):
+    """``out[:, start:stop] += update`` for each span, in place, with the backward an addition
+    has: the incoming gradient goes on to ``out`` as it is, and each update gets its span of
+    it. Autograd's own in-place slice write cannot know the op is an addition, so for every
+    span it would copy the whole (M, N) gradient and zero the span before handing it on."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, spans: tuple[tuple[int, int], ...],
+                *updates: Tensor) -> Tensor:
+        for (start, stop), update in zip(spans, updates, strict=True):
+            out[:, start:stop] += update  # (M, n)
+        ctx.mark_dirty(out)
+        ctx.spans = spans
+        return out  # (M, N)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        return (grad, None, *(grad[:, start:stop] for start, stop in ctx.spans))
 
 
 class LoRALinear(nn.Linear):
@@ -126,21 +142,32 @@ class LoRALinear(nn.Linear):
         self.weight.requires_grad_(False)
         if self.bias is not None:
             self.bias.requires_grad_(False)
+        self.r, self.scale = r, scale
         self.adapters = nn.ModuleDict({
-            name: LoRAAdapter(base.in_features, start, stop, r, scale, dropout)
+            name: LoRAAdapter(base.in_features, start, stop, r, scale)
             for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1])})
         self.adapters.to(device=base.weight.device, dtype=base.weight.dtype)
+        self.dropout = nn.Dropout(dropout)  # one draw per call, shared by the layer's pairs
         self.merged = False
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.linear(x, self.weight, self.bias)  # (…, N)
         if self.merged:
-            return out
+            return F.linear(x, self.weight, self.bias)  # (…, N)
         # Rows without an adapter pass through; each adapted span gets its own update, added
-        # in place (the frozen product is not saved for backward, so no copy of all N rows).
-        for adapter in self.adapters.values():
-            out[..., adapter.start:adapter.stop] += adapter(x)  # (…, n)
-        return out
+        # in place into the frozen product (which backward does not need). The product is
+        # taken over flattened rows so that it is a tensor of its own, not a view: autograd
+        # would otherwise route the in-place write through the view's base.
+        rows = x.reshape(-1, self.in_features)  # (M, K), M = all leading dims
+        out = F.linear(rows, self.weight, self.bias)  # (M, N)
+        pairs = list(self.adapters.values())
+        # Every pair reads the same input, so their A's run as one (P·r, K) matmul; the
+        # scale goes on the narrow (M, P·r) product rather than on each (M, n) update.
+        a = pairs[0].lora_A if len(pairs) == 1 else torch.cat([p.lora_A for p in pairs])
+        h = F.linear(apply_dropout(self.dropout, rows), a) * self.scale  # (M, P·r)
+        updates = [F.linear(h_p, p.lora_B)  # (M, n)
+                   for h_p, p in zip(h.split(self.r, dim=1), pairs, strict=True)]
+        out = _AddToSpans.apply(out, tuple((p.start, p.stop) for p in pairs), *updates)
+        return out.view(*x.shape[:-1], self.out_features)  # (…, N)
 
     @torch.no_grad()
     def merge(self) -> None:
