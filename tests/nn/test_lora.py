@@ -120,6 +120,24 @@ def test_dropout_acts_on_the_lora_path_only() -> None:
     assert torch.equal(lora(x), lora(x))
 
 
+def test_each_pair_of_a_layer_draws_its_own_dropout_as_peft_does() -> None:
+    """Two pairs with the same weights give the same update without dropout, and different
+    ones in training: one draw per target, not one shared by the layer."""
+    layer = nn.Linear(16, 8, bias=False)
+    lora = LoRALinear(layer, {"q": (0, 4), "v": (4, 8)}, r=2, scale=1.0, dropout=0.5)
+    with torch.no_grad():
+        layer.weight.zero_()
+        for pair in lora.adapters.values():
+            pair.lora_A.copy_(lora.adapters["q"].lora_A)
+            pair.lora_B.fill_(1.0)
+    x = torch.randn(64, 16)
+    out = lora.eval()(x)
+    torch.testing.assert_close(out[:, :4], out[:, 4:])
+    torch.manual_seed(0)
+    out = lora.train()(x)
+    assert not torch.allclose(out[:, :4], out[:, 4:])
+
+
 @pytest.mark.parametrize(("config", "pattern"), [
     (LoRAConfig(r=0), "rank r must be a positive integer; got 0"),
     (LoRAConfig(r=-3), "rank r must be a positive integer; got -3"),

@@ -38,7 +38,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.nn.attention import MultiHeadAttention
-from handformer.nn.dropout import apply_dropout
 from handformer.nn.feedforward import FeedForward
 
 __all__ = ["LORA_GROUPS", "LORA_TARGETS", "LoRAAdapter", "LoRAConfig", "LoRAError",
@@ -147,7 +146,7 @@ class LoRALinear(nn.Linear):
             name: LoRAAdapter(base.in_features, start, stop, r, scale)
             for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1])})
         self.adapters.to(device=base.weight.device, dtype=base.weight.dtype)
-        self.dropout = nn.Dropout(dropout)  # one draw per call, shared by the layer's pairs
+        self.dropout = nn.Dropout(dropout)  # on the LoRA path only, one draw per pair
         self.merged = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -160,10 +159,15 @@ class LoRALinear(nn.Linear):
         rows = x.reshape(-1, self.in_features)  # (M, K), M = all leading dims
         out = F.linear(rows, self.weight, self.bias)  # (M, N)
         pairs = list(self.adapters.values())
-        # Every pair reads the same input, so their A's run as one (P·r, K) matmul; the
-        # scale goes on the narrow (M, P·r) product rather than on each (M, n) update.
-        a = pairs[0].lora_A if len(pairs) == 1 else torch.cat([p.lora_A for p in pairs])
-        h = F.linear(apply_dropout(self.dropout, rows), a) * self.scale  # (M, P·r)
+        # The scale goes on the narrow (M, P·r) product rather than on each (M, n) update.
+        if self.dropout.training and self.dropout.p > 0.0:
+            # Each pair its own dropout draw of the input, as PEFT draws one per target.
+            h = torch.cat([F.linear(self.dropout(rows), p.lora_A) for p in pairs],
+                          dim=1) * self.scale  # (M, P·r)
+        else:
+            # Every pair reads the same input: their A's run as one (P·r, K) matmul.
+            a = pairs[0].lora_A if len(pairs) == 1 else torch.cat([p.lora_A for p in pairs])
+            h = F.linear(rows, a) * self.scale  # (M, P·r)
         updates = [F.linear(h_p, p.lora_B)  # (M, n)
                    for h_p, p in zip(h.split(self.r, dim=1), pairs, strict=True)]
         out = _AddToSpans.apply(out, tuple((p.start, p.stop) for p in pairs), *updates)
