@@ -4,9 +4,7 @@ FLOP floor counts what a step really multiplies. Tiny sizes; nothing about speed
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +22,8 @@ from handformer.bench.flops import matmul_flops, matmul_peaks, model_flops_per_t
 from handformer.cli import main as cli_main
 from handformer.machine import cpu_model, describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
+from tests.bench.scripts import load_script
 from tests.conftest import tiny_config
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _says_where_it_ran(data: dict[str, Any], threads: object | None = None) -> None:
@@ -114,15 +111,7 @@ def test_int8_quality(tmp_path: Path) -> None:
 
 
 def test_build_progression(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("build_progression",
-                                                  BENCHMARKS / "build_progression.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    module = load_script("build_progression")
     assert module.main(["--steps", "2", "--chars", "4000", "--val-batches", "1",
                         "--warmup", "1", "--out", str(tmp_path)]) == 0
     _says_where_it_ran(json.loads((tmp_path / "build_progression.json").read_text()),

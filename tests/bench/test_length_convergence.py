@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "length_convergence.py"
+from tests.bench.scripts import load_script
 
 
 def test_length_convergence_writes_curves_for_every_run(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("length_convergence", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
+    module = load_script("length_convergence")
     # The script sets its own thread count; tests/conftest.py puts the suite's back after.
     code = module.main(["--lengths", "16", "--contrast-lengths", "20", "--steps", "6",
                         "--eval-interval", "3", "--n-val", "16", "--out", str(tmp_path)])
