@@ -48,7 +48,7 @@ def test_paged_prefill_and_batched_decode_equal_the_contiguous_cache(positional:
                     done += len(chunk)
         # One batched step: every request feeds its last token, over different past lengths.
         cache = PagedBatchCache(pool, tables, [len(s) - 1 for s in seqs], 1)
-        assert cache.has_padding
+        assert cache.row_spans == [(4, 5, 1), (8, 1, 1), (0, 9, 1)]  # each row over its own keys
         paged = model(torch.stack([s[-1:] for s in seqs]), cache=cache)[:, -1]  # (B, V)
         for i, seq in enumerate(seqs):
             contiguous = model.make_cache(1)
@@ -89,7 +89,7 @@ def test_prefill_chunks_of_different_lengths_in_one_call_equal_one_call_each(
         ids = torch.stack([torch.cat([s[n : n + k], s[n + k - 1 :].new_full((6 - k,), 3)])
                            for s, n, k in zip(seqs, cached, new, strict=True)])  # (3, 6)
         cache = PagedBatchCache(pools[1], tables, cached, new)
-        assert cache.has_padding and len(cache.write_slots) == sum(new)
+        assert cache.row_spans is not None and len(cache.write_slots) == sum(new)
         logits = model(ids, cache=cache)  # (3, 6, V)
     for i, k in enumerate(new):
         torch.testing.assert_close(logits[i, k - 1], alone[i], rtol=1e-4, atol=1e-4)
@@ -101,6 +101,46 @@ def test_prefill_chunks_of_different_lengths_in_one_call_equal_one_call_each(
                                rtol=1e-4, atol=1e-4)
     others = [s for s in range(pools[1].kv.shape[1]) if s not in owned]
     assert torch.count_nonzero(pools[1].kv[:, others]) == 0
+
+
+@pytest.mark.parametrize("positional", ["learned", "alibi"])
+def test_rows_of_different_lengths_never_read_the_padding(positional: str) -> None:
+    """Each row of a ragged decoding batch attends over its own columns only: NaN in every
+    slot no request owns (slot 0, which the padding columns gather, included) reaches no
+    row, and each row's logits are those it has alone."""
+    model = tiny_lm(positional=positional, n_kv_heads=2)
+    torch.manual_seed(3)
+    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (3, 8, 5)]
+    tables = [[1, 4], [2, 5, 6], [3, 7]]  # block 0 belongs to nobody
+    pool = KVPool(model.config, num_blocks=8, block_size=3, dtype=torch.float32, device="cpu")
+    owned = sorted(slot for table, seq in zip(tables, seqs, strict=True)
+                   for slot in pool.slots(table, 0, len(seq)))
+    unowned = [slot for slot in range(pool.kv.shape[1]) if slot not in owned]
+    pool.kv[:, unowned] = float("nan")
+    with torch.inference_mode():
+        for seq, table in zip(seqs, tables, strict=True):  # every prompt but its last token
+            model(seq[None, :-1], cache=PagedBatchCache(pool, [table], [0], len(seq) - 1))
+        cached = [len(s) - 1 for s in seqs]
+        last = torch.stack([s[-1:] for s in seqs])  # (3, 1)
+        cache = PagedBatchCache(pool, tables, cached, 1)
+        assert cache.row_spans == [(5, 3, 1), (0, 8, 1), (3, 5, 1)]
+        batched = model(last, cache=cache)[:, -1]  # (3, V)
+        alone = [model(last[i : i + 1], cache=PagedBatchCache(pool, [tables[i]], [cached[i]],
+                                                              1))[0, -1] for i in range(3)]
+    assert torch.isfinite(batched).all()
+    for i in range(3):
+        torch.testing.assert_close(batched[i], alone[i], rtol=1e-5, atol=1e-5)
+    assert pool.kv[:, unowned].isnan().all()  # and nothing was written outside the tables
+
+
+def test_a_ragged_batch_takes_no_mask_and_returns_no_weights() -> None:
+    model = tiny_lm(n_kv_heads=2)
+    pool = KVPool(model.config, num_blocks=4, block_size=4, dtype=torch.float32, device="cpu")
+    cache = PagedBatchCache(pool, [[0], [1]], [2, 0], 1)
+    attention = model.blocks[0].self_attn
+    x = torch.randn(2, 1, model.config.d_model)
+    with pytest.raises(ValueError, match="no mask and returns no weights"):
+        attention(x, cache=cache.layers[0], cache_start=cache.past, need_weights=True)
 
 
 def test_prefill_groups_share_a_call_only_while_the_padding_stays_small() -> None:

@@ -25,6 +25,7 @@ may attend to nothing returns zeros, never NaN.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Literal
 
 import torch
@@ -267,6 +268,29 @@ def _run_kernel(
     return _fused_attention(q, k, v, mask, dropout_p, is_causal, bias), None
 
 
+def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int, int, int]],
+                     kind: str, dropout_p: float, is_causal: bool,
+                     bias: Tensor | None) -> Tensor:
+    """Attention for a batch whose rows hold different lengths: q (B, H, T, D), k and v
+    (B, Hkv, S, D), row i's keys in columns [start, start + n_keys) and its real queries the
+    first n_queries; ``spans[i] = (start, n_keys, n_queries)``. Each row runs the kernel on
+    its own slice, with the causal mask end-aligned within it — the very shapes the row has
+    alone — so no padded key enters any reduction: padding costs no work, needs no mask,
+    and a row rounds as it does alone (in bf16 too, whatever else is in the batch). Padded
+    queries get zeros. Returns (B, H, T, D)."""
+    out = q.new_zeros(q.shape)  # (B, H, T, D)
+    for i, (start, n_keys, n_queries) in enumerate(spans):
+        keys = slice(start, start + n_keys)
+        row_bias = None
+        if bias is not None:  # (B|1, H, T, S)
+            row_bias = bias[i : i + 1] if bias.shape[0] > 1 else bias
+            row_bias = row_bias[:, :, :n_queries, keys]  # (1, H, t_i, s_i)
+        out[i : i + 1, :, :n_queries] = _run_kernel(
+            q[i : i + 1, :, :n_queries], k[i : i + 1, :, keys], v[i : i + 1, :, keys], None,
+            kind, dropout_p, is_causal, False, row_bias)[0]  # (1, H, t_i, D)
+    return out
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with a fused input projection, grouped-query heads and
     in-attention positions (RoPE / ALiBi).
@@ -435,17 +459,24 @@ class MultiHeadAttention(nn.Module):
                     key_positions = q_pos
                 k_pos = key_positions if key_positions.dim() == 2 else key_positions[None]
                 bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)  # (B|1,H,T,S)
+        spans = None
         if cache is not None:
             k, v = cache.update(kv, cache_start)  # (B, Hkv, S, D) each
+            spans = cache.row_spans  # set when the cached rows hold different lengths
         else:
             k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, S, D) each
-
-        if mask is not None:
-            _check_mask(mask, (b, self.n_heads, t, k.shape[-2]))
-        # q, k and v were built above with consistent shapes: run the kernel unchecked.
-        out, weights = _run_kernel(
-            q, k, v, mask, self.attention, self.dropout if self.training else 0.0,
-            is_causal, need_weights, bias,
-        )  # (B, H, T, D)
+        dropout_p = self.dropout if self.training else 0.0
+        if spans is not None:  # a ragged batch: each row over its own keys
+            if need_weights or mask is not None:
+                raise ValueError("a ragged cache batch (row_spans) attends each row over its "
+                                 "own keys: it takes no mask and returns no weights")
+            out, weights = _attend_each_row(q, k, v, spans, self.attention, dropout_p,
+                                            is_causal, bias), None  # (B, H, T, D)
+        else:
+            if mask is not None:
+                _check_mask(mask, (b, self.n_heads, t, k.shape[-2]))
+            # q, k and v were built above with consistent shapes: run the kernel unchecked.
+            out, weights = _run_kernel(q, k, v, mask, self.attention, dropout_p, is_causal,
+                                       need_weights, bias)  # (B, H, T, D)
         out = out.transpose(1, 2).reshape(b, t, self.q_dim)  # (B, T, H·D)
         return self.out_proj(out), weights  # (B, T, C)

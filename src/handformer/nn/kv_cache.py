@@ -29,6 +29,11 @@ class KVCache:
     views of the two halves.
     """
 
+    # A contiguous cache's rows share one length (padding, if any, is masked): attention
+    # runs once over the batch. A paged batch of requests of different lengths sets
+    # (first key column, keys, queries) per row instead: see ``serve.paged``.
+    row_spans: list[tuple[int, int, int]] | None = None
+
     def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
         self.n_kv_heads = n_kv_heads

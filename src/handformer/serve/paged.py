@@ -11,7 +11,7 @@ unchanged — no second copy of attention. For a batch of requests, row ``i`` wi
 cached tokens and ``t_i`` new ones (``T`` = max t_i: every decoding row feeds one, prefill
 chunks differ), it lays the rows out as a padded contiguous cache:
 
-    columns   [0, P - n_i)      padding (masked out; P = max n_i)
+    columns   [0, P - n_i)      padding (P = max n_i)
               [P - n_i, P)      row i's cached keys/values, gathered from its blocks
               [P, P + t_i)      its t_i new tokens, computed by this call
               [P + t_i, P + T)  padding for a row with fewer new tokens than the longest
@@ -19,15 +19,17 @@ chunks differ), it lays the rows out as a padded contiguous cache:
 Each layer's ``update`` scatters the new keys and values into their requests' blocks, then
 gathers every column — cached and new — from the pool in one copy, and hands the
 (B, Hkv, P + T, D) keys and values (views of that copy) to the model's existing attention
-kernels.
+kernels. When the rows' lengths differ, ``row_spans`` tells attention where each row's own
+columns lie, and each row runs the kernel over them alone: the padding is never read, costs
+no work and needs no mask, and every row meets exactly the shapes — and so the rounding —
+it has when it is the only request (``nn.attention._attend_each_row``).
 
 Why a gather and not a fused paged kernel: the gather is a readable copy into the kernels the
 tests already hold equal to torch's. A fused paged-attention kernel (vLLM's) reads the keys
 straight out of the blocks inside the attention loop, which would save (a) the copy itself —
 each step reads every cached key twice (gather, then attention) and writes it once in
-between; (b) the transient (B, 2·Hkv, P + T, D) buffer per layer; and (c) the padding: rows
-of different lengths cost the longest row's work here, while a ragged kernel visits each
-row's own blocks only.
+between; (b) the transient (B, 2·Hkv, P + T, D) buffer per layer, padding included; and
+(c) the per-row kernel calls, one launch for the whole batch instead.
 
 Positions count from each request's window start: a request's cached tokens have positions
 0..n_i - 1 and its new ones n_i..n_i + T - 1, as ``generate`` gives them after a (re)fill.
@@ -76,6 +78,7 @@ class _PagedLayer:
     def __init__(self, pool_kv: Tensor, batch: PagedBatchCache) -> None:
         self.pool_kv = pool_kv  # (N·bs, 2·Hkv, D)
         self.batch = batch
+        self.row_spans = batch.row_spans  # (first key column, keys, queries) per row, or None
 
     def update(self, kv_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """kv_new (B, 2·Hkv, T, D), written after the P cached columns (``start`` = P);
@@ -92,7 +95,7 @@ class _PagedLayer:
             rows = rows.index_select(0, batch.write_rows)  # (real new tokens, 2·Hkv, D)
         self.pool_kv.index_copy_(0, batch.write_slots, rows)
         if batch.past == 0:
-            full = kv_new  # (B, 2·Hkv, T, D): nothing cached yet (padding masked as keys)
+            full = kv_new  # (B, 2·Hkv, T, D): nothing cached yet
         else:
             # One gather of every column, the new ones included (just written): no second
             # copy to append them. Token-major, so the heads are a strided view.
@@ -107,7 +110,7 @@ class PagedBatchCache:
     ``tables[i]`` is request i's block table, ``cached[i]`` how many of its context tokens
     the pool holds already, and row i feeds ``new_tokens`` new ones — one count for every
     row, or one per row (prefill chunks of different lengths in one call: a row with fewer
-    than the longest, T, is right-padded, its padding masked out as keys and never written
+    than the longest, T, is right-padded, its padding never attended to nor written
     to the pool; the caller reads row i's logits at its last real token, ``new[i] - 1``).
     Each table must already hold ``cached[i] + new[i]`` slots (the scheduler allocated
     them). Used once: the engine builds a new one for every call.
@@ -139,7 +142,7 @@ class PagedBatchCache:
         real = (position >= 0) & (position <= last)  # (B, P + T)
         # Padding takes a real row's position (learned tables end at the window).
         position = torch.minimum(position.clamp(min=0), last)
-        # Padding columns read slot 0 of the pool: any finite value, masked out by key_mask.
+        # Padding columns read slot 0 of the pool: no row's attention reads them (row_spans).
         read = torch.where(real, slot_of.gather(1, position), 0)  # (B, P + T)
         real_new = real[:, self.past :]  # (B, T)
         ragged = any(c != t for c in new)
@@ -150,7 +153,14 @@ class PagedBatchCache:
         self.key_mask = real.to(device)  # (B, P + T) True = a real token
         self.key_positions = position.to(device)  # (B, P + T)
         self.next_position = n.to(device)  # (B,)
-        self.has_padding = ragged or any(c != self.past for c in cached)
+        # Rows of different lengths: each row's attention runs over its own columns only,
+        # [P - n_i, P + t_i) (``nn.attention._attend_each_row``), so no padding column is
+        # ever read into it and the model needs no key mask. Rows of one length share one
+        # kernel call.
+        padded = ragged or any(c != self.past for c in cached)
+        self.row_spans = [(self.past - c, c + k, k) for c, k in zip(cached, new, strict=True)
+                          ] if padded else None
+        self.has_padding = False
         self.layers = [_PagedLayer(pool.kv[i], self) for i in range(pool.kv.shape[0])]
 
     def append_tokens(self, new_mask: Tensor | None, t: int | None = None
