@@ -58,9 +58,11 @@ def register(sub: Any) -> None:
     p.add_argument("--device", type=device_name, default="cpu")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                    help="cast the model for inference (bfloat16: faster for many users on a "
-                   "CPU that multiplies it natively, but its rounding depends on the batch's "
-                   "shape, so a greedy text can differ from the same request alone; float32, "
-                   "the default, is what the tests hold equal in a crowd and alone)")
+                   "CPU that multiplies it natively; each request's attention runs as it runs "
+                   "alone, but whether the matrix products round a row alike at every batch "
+                   "size is up to the CPU's kernels, so a greedy text can differ from the same "
+                   "request alone; float32, the default, is what the tests hold equal in a "
+                   "crowd and alone)")
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="int8 weights (the dequantizing kernel: any batch size, no compiling)")
     add_threads_option(p)
