@@ -408,6 +408,14 @@ MUTANTS: tuple[Mutant, ...] = (
          "test_llama3_scaled_rope_rotates_as_transformers_does_far_out",),
         "Llama 3's RoPE scaling interpolates the fast frequencies and keeps the slow ones",
     ),
+    Mutant(
+        "ragged_rows_read_the_padding", "serve/paged.py",
+        "                          ] if padded else None",
+        "                          ] if False else None",
+        ("tests/serve/test_paged.py",),
+        "a paged batch of rows of different lengths attends over the whole padded width, "
+        "with no mask: each row reads the others' padding",
+    ),
 )
 
 
