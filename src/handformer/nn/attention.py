@@ -274,10 +274,10 @@ def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int,
     """Attention for a batch whose rows hold different lengths: q (B, H, T, D), k and v
     (B, Hkv, S, D), row i's keys in columns [start, start + n_keys) and its real queries the
     first n_queries; ``spans[i] = (start, n_keys, n_queries)``. Each row runs the kernel on
-    its own slice, with the causal mask end-aligned within it — the very shapes the row has
-    alone — so no padded key enters any reduction: padding costs no work, needs no mask,
-    and a row rounds as it does alone (in bf16 too, whatever else is in the batch). Padded
-    queries get zeros. Returns (B, H, T, D)."""
+    its own slice, with the causal mask end-aligned within it — the shapes the row has
+    alone — so no padded key enters any reduction: padding costs no work and needs no mask,
+    and a row's attention does not depend on what else is in the batch (nor, in bf16, does
+    its rounding). Padded queries get zeros. Returns (B, H, T, D)."""
     out = q.new_zeros(q.shape)  # (B, H, T, D)
     for i, (start, n_keys, n_queries) in enumerate(spans):
         keys = slice(start, start + n_keys)

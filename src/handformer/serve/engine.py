@@ -232,8 +232,8 @@ class Engine:
 
     def _forward(self, requests: list[Request], counts: list[int]) -> None:
         """Feed ``counts[i]`` uncached context tokens of request i (rows with fewer than the
-        longest are right-padded with their own last token, masked out); sample for those
-        whose context is then complete."""
+        longest are right-padded with their own last token, never attended to); sample for
+        those whose context is then complete."""
         t = max(counts)
         rows = []
         for r, n in zip(requests, counts, strict=True):

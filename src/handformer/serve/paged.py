@@ -21,8 +21,9 @@ gathers every column — cached and new — from the pool in one copy, and hands
 (B, Hkv, P + T, D) keys and values (views of that copy) to the model's existing attention
 kernels. When the rows' lengths differ, ``row_spans`` tells attention where each row's own
 columns lie, and each row runs the kernel over them alone: the padding is never read, costs
-no work and needs no mask, and every row meets exactly the shapes — and so the rounding —
-it has when it is the only request (``nn.attention._attend_each_row``).
+no work and needs no mask, and every row meets the shapes it has when it is the only
+request, so its attention does not depend on the rest of the batch
+(``nn.attention._attend_each_row``).
 
 Why a gather and not a fused paged kernel: the gather is a readable copy into the kernels the
 tests already hold equal to torch's. A fused paged-attention kernel (vLLM's) reads the keys
