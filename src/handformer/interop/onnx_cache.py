@@ -32,6 +32,8 @@ __all__ = ["CachedStep", "FunctionalCache", "empty_past"]
 class _PastLayer:
     """One layer's past keys/values; ``update`` returns them extended by the new ones."""
 
+    row_spans = None  # every row holds the same columns: one attention call for the batch
+
     def __init__(self, past: Tensor) -> None:
         self.past = past  # (B, 2·Hkv, P, D)
         self.present: Tensor | None = None
