@@ -78,6 +78,9 @@ class _PagedLayer:
 
     def __init__(self, pool_kv: Tensor, batch: PagedBatchCache) -> None:
         self.pool_kv = pool_kv  # (N·bs, 2·Hkv, D)
+        # Each token's keys and values as one row: torch copies whole rows of a 2-D tensor
+        # faster than (2·Hkv, D) slices of a 3-D one, in both directions.
+        self.pool_rows = pool_kv.view(pool_kv.shape[0], -1)  # (N·bs, 2·Hkv·D)
         self.batch = batch
         self.row_spans = batch.row_spans  # (first key column, keys, queries) per row, or None
 
@@ -91,16 +94,16 @@ class _PagedLayer:
                              f"cached columns; got offset {start}")
         # The new keys/values into their requests' blocks (token-major, as the pool is);
         # a ragged batch's padding is left out.
-        rows = kv_new.permute(0, 2, 1, 3).reshape(b * t, 2 * h, d)  # (B·T, 2·Hkv, D)
+        rows = kv_new.permute(0, 2, 1, 3).reshape(b * t, 2 * h * d)  # (B·T, 2·Hkv·D)
         if batch.write_rows is not None:
-            rows = rows.index_select(0, batch.write_rows)  # (real new tokens, 2·Hkv, D)
-        self.pool_kv.index_copy_(0, batch.write_slots, rows)
+            rows = rows.index_select(0, batch.write_rows)  # (real new tokens, 2·Hkv·D)
+        self.pool_rows.index_copy_(0, batch.write_slots, rows)
         if batch.past == 0:
             full = kv_new  # (B, 2·Hkv, T, D): nothing cached yet
         else:
             # One gather of every column, the new ones included (just written): no second
             # copy to append them. Token-major, so the heads are a strided view.
-            full = self.pool_kv.index_select(0, batch.read_slots)  # (B·(P+T), 2·Hkv, D)
+            full = self.pool_rows.index_select(0, batch.read_slots)  # (B·(P+T), 2·Hkv·D)
             full = full.view(b, batch.past + t, 2 * h, d).permute(0, 2, 1, 3)  # (B,2·Hkv,P+T,D)
         return full[:, :h], full[:, h:]  # (B, Hkv, P + T, D) each
 
