@@ -77,9 +77,8 @@ class _PagedLayer:
     """One layer's view for one forward call: ``update`` as ``KVCache.update`` does it."""
 
     def __init__(self, pool_kv: Tensor, batch: PagedBatchCache) -> None:
-        self.pool_kv = pool_kv  # (N·bs, 2·Hkv, D)
-        # Each token's keys and values as one row: torch copies whole rows of a 2-D tensor
-        # faster than (2·Hkv, D) slices of a 3-D one, in both directions.
+        # pool_kv (N·bs, 2·Hkv, D) seen as one row per token: torch copies whole rows of a
+        # 2-D tensor faster than (2·Hkv, D) slices of a 3-D one, in both directions.
         self.pool_rows = pool_kv.view(pool_kv.shape[0], -1)  # (N·bs, 2·Hkv·D)
         self.batch = batch
         self.row_spans = batch.row_spans  # (first key column, keys, queries) per row, or None
