@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -25,6 +26,12 @@ THREADS = int(os.environ.get("HANDFORMER_TEST_THREADS", "1"))
 
 def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(THREADS)  # before any fixture, module-scoped ones included
+    # A shell without job control starts a background command (`pytest &`, as .ci/run
+    # starts its knob runs) with Ctrl-C ignored, and every process it starts inherits that:
+    # the tests that press Ctrl-C on a command would find it deaf. Ctrl-C as a terminal
+    # gives it, for this process and (reset to the default at exec) for its children.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

@@ -1142,10 +1142,15 @@ def test_ctrl_c_of_a_serving_explorer_under_load_exits_cleanly(fixtures: Fixture
         clients = [threading.Thread(target=hammer, daemon=True) for _ in range(4)]
         for client in clients:
             client.start()
-        time.sleep(0.3 + 0.2 * attempt)  # requests in flight
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-        stop.set()
+        try:
+            time.sleep(0.3 + 0.2 * attempt)  # requests in flight
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:  # a failure leaves neither the explorer nor its load running
+            stop.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-2000:]}"
         assert "terminate called" not in err and "Traceback" not in err, err[-2000:]
         assert "handformer explore: stopped" in out
