@@ -284,8 +284,10 @@ def test_muon_under_ddp_equals_one_process_and_fsdp_refuses_it(
     """Every DDP rank holds whole matrices and the all-reduced gradient, so its Muon step is
     the single process's. Muon orthogonalises in bf16, which turns the ranks' fp32 sum-order
     differences (~1e-7) into differences of about one bf16 rounding in an update: after 8
-    steps the weights agree to 1e-2 (measured 3.6e-3) and the losses to 1e-3, where AdamW's
-    agree to 1e-5 — still far closer than Muon's run is to AdamW's."""
+    steps the weights agree to 1e-2 and the losses to 1e-3, where AdamW's agree to 1e-5. How
+    far those roundings carry depends on the CPU's bf16 matmul path (AMX, AVX-512 or a
+    fallback), so the check that this is still a small gap — several times smaller than the
+    gap between Muon's run and AdamW's — leaves room for the CPU that rounds worst."""
     root = runs["root"]
     muon = ["--data", "text.txt", *ARGS, "--optimizer", "muon"]
     _ok(_single([*muon, "--out", "muon-single"], root))
@@ -300,7 +302,7 @@ def test_muon_under_ddp_equals_one_process_and_fsdp_refuses_it(
     muon_single = load_file(root / "muon-single" / "model.safetensors")
     ddp_gap = _max_diff(muon_single, load_file(root / "muon-ddp" / "model.safetensors"))
     assert ddp_gap < 1e-2
-    assert _max_diff(muon_single, load_file(runs["single"] / "model.safetensors")) > 10 * ddp_gap
+    assert _max_diff(muon_single, load_file(runs["single"] / "model.safetensors")) > 4 * ddp_gap
     summary = json.loads((root / "muon-ddp" / "summary.json").read_text())
     assert summary["optimizer_split"]["muon"]
     refused = _torchrun([*muon, "--out", "muon-fsdp", "--strategy", "fsdp"], root)
