@@ -62,7 +62,7 @@ def test_int8_without_the_cache_compiles_no_kernel_per_length(
                               "--max-new-tokens", "12")
     assert code == 0, err
     assert out.startswith("ab") and len(out.rstrip("\n")) >= 2
-    assert "dequantizing kernel" in err and "compiling the fused kernel" not in err
+    assert "dequantizing kernel" in err and "preparing the int8 kernel" not in err
     assert quantized._FUSED.shapes() == shapes and quantized.compile_seconds() == seconds
 
 

@@ -23,6 +23,7 @@ from handformer.models.quantize import (
     quantize_int8,
     warm_up_int8,
 )
+from handformer.nn.int8_native import native_status
 from handformer.nn.quantized import Int8Linear
 from tests.conftest import tiny_config
 
@@ -96,14 +97,20 @@ def test_int8_weights_take_a_quarter_of_the_bytes_plus_a_scale_per_row() -> None
         assert stored == n * k + 4 * n  # against 4·N·K bytes in float32
 
 
-@pytest.mark.slow  # compiles the fused kernel: ~10-20 s on a busy 2-core machine
+@pytest.mark.slow  # may compile the fused kernel: ~10-20 s on a busy 2-core machine
 def test_generate_with_a_quantized_model_decodes_with_its_cache() -> None:
     model = DecoderLM(tiny_config(positional="rope", max_len=24)).eval()
     quantized = quantize_int8(model)
     seconds, note = warm_up_int8(quantized, positions=(1, 5))  # a step, and K = 4 verified
     assert note is None and seconds >= 0
-    assert all({(1, torch.float32), (5, torch.float32)} <= set(layer._kernels)
-               for layer in quantized.modules() if isinstance(layer, Int8Linear))
+    # The C loop serves float32 rows and compiles nothing per shape; without it, the fused
+    # kernel is compiled for both row counts.
+    layers = [layer for layer in quantized.modules() if isinstance(layer, Int8Linear)]
+    if native_status() is None:
+        assert all(not layer._kernels for layer in layers)
+    else:
+        assert all({(1, torch.float32), (5, torch.float32)} <= set(layer._kernels)
+                   for layer in layers)
     prompt = torch.randint(1, 37, (1, 5))
     cached = generate(quantized, prompt, 30, temperature=0)  # slides past the window too
     uncached = generate(quantized, prompt, 30, temperature=0, use_cache=False)

@@ -1,5 +1,6 @@
-"""handformer.nn.quantized: int8 round-trip error bounds, refusals, and the two kernels
-agreeing with a float64 product of the same quantized weight."""
+"""handformer.nn.quantized: int8 round-trip error bounds, refusals, and the fused and
+dequantizing kernels agreeing with a float64 product of the same quantized weight (the C
+loop's own tests: tests/nn/test_int8_native.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from handformer.nn.int8_native import native_status
 from handformer.nn.quantized import (
     INT8_MAX,
     Int8Linear,
@@ -138,28 +140,36 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call() -> None
 
 
 def test_auto_fuses_a_few_rows_and_dequantizes_many(monkeypatch: pytest.MonkeyPatch) -> None:
-    """auto: up to FUSED_MAX_ROWS rows (one position or several) take the fused kernel while
-    rows × K stays within FUSED_MAX_ELEMENTS; more rows, or wide rows, dequantize."""
+    """auto: up to FUSED_MAX_ROWS rows (one position or several) take a few-row kernel — the
+    C loop for float32 where it is built, else the fused one — while rows × K stays within
+    FUSED_MAX_ELEMENTS; more rows, or wide rows, dequantize."""
     from handformer.nn import quantized
 
-    fused_rows: list[int] = []
-    real = Int8Linear._fused_forward
+    few_rows: list[tuple[str, int]] = []
+    real_native, real_fused = Int8Linear._native_forward, Int8Linear._fused_forward
 
-    def spy(self: Int8Linear, x: torch.Tensor, rows: int) -> torch.Tensor | None:
-        fused_rows.append(rows)
-        return real(self, x, rows)
+    def native_spy(self: Int8Linear, x: torch.Tensor, rows: int) -> torch.Tensor:
+        few_rows.append(("native", rows))
+        return real_native(self, x, rows)
 
-    monkeypatch.setattr(Int8Linear, "_fused_forward", spy)
+    def fused_spy(self: Int8Linear, x: torch.Tensor, rows: int) -> torch.Tensor | None:
+        few_rows.append(("fused", rows))
+        return real_fused(self, x, rows)
+
+    monkeypatch.setattr(Int8Linear, "_native_forward", native_spy)
+    monkeypatch.setattr(Int8Linear, "_fused_forward", fused_spy)
     narrow = Int8Linear.from_linear(torch.nn.Linear(16, 8))
     k_wide = quantized.FUSED_MAX_ELEMENTS // 4 + 1  # 4 rows of it pass the element bound
     wide = Int8Linear.from_linear(torch.nn.Linear(k_wide, 8))
     with torch.inference_mode():
         narrow(torch.randn(1, 1, 16))
-        narrow(torch.randn(1, 9, 16))  # a verify step of K = 8: fused
+        narrow(torch.randn(1, 9, 16))  # a verify step of K = 8: a few-row kernel
         narrow(torch.randn(2, quantized.FUSED_MAX_ROWS, 16))  # 32 rows: dequantized
-        wide(torch.randn(3, k_wide))  # 3 rows within the bound: fused
+        wide(torch.randn(3, k_wide))  # 3 rows within the bound: a few-row kernel
         wide(torch.randn(4, k_wide))  # 4 rows past it: dequantized
-    assert fused_rows == [1, 9, 3]
+        narrow.to(torch.bfloat16)(torch.randn(1, 16, dtype=torch.bfloat16))  # bf16: fused
+    first = "native" if native_status() is None else "fused"
+    assert few_rows == [(first, 1), (first, 9), (first, 3), ("fused", 1)]
 
 
 def test_autograd_reaches_the_input_and_bias_through_the_dequantized_path() -> None:

@@ -112,8 +112,8 @@ def _quantized(model: Any, speculate: int | None, *, use_cache: bool = True) -> 
         print("int8: without the KV cache every step runs the whole prefix: using the "
               "dequantizing kernel (no compiling)", file=sys.stderr, flush=True)
         return set_int8_kernel(model, "dequantized")
-    print("int8: compiling the fused kernel for this model's layer shapes (once per process; "
-          "later runs reuse torch's on-disk cache)...", file=sys.stderr, flush=True)
+    print("int8: preparing the int8 kernel for this model's layer shapes (built once per "
+          "machine, then cached on disk)...", file=sys.stderr, flush=True)
     seconds, note = warm_up_int8(model, positions=(1,) if speculate is None else
                                  (1, speculate + 1))
     print(f"int8: {note or f'ready in {seconds:.1f} s'}", file=sys.stderr, flush=True)

@@ -154,7 +154,7 @@ def set_int8_kernel(model: nn.Module, kernel: Int8Kernel) -> nn.Module:
     what such a pass wants."""
     for layer in model.modules():
         if isinstance(layer, Int8Linear):
-            if kernel not in ("auto", "fused", "dequantized"):
+            if kernel not in ("auto", "native", "fused", "dequantized"):
                 raise ValueError(f"unknown int8 kernel {kernel!r}")
             layer.kernel = kernel
     return model
@@ -162,12 +162,13 @@ def set_int8_kernel(model: nn.Module, kernel: Int8Kernel) -> nn.Module:
 
 def warm_up_int8(model: nn.Module, batch_size: int = 1,
                  positions: tuple[int, ...] = (1,)) -> tuple[float, str | None]:
-    """Compile the fused int8 kernel for every layer shape a decoding step of ``batch_size``
-    rows meets — one new position per row, and each count in ``positions`` (a speculative
-    step of K proposals verifies K + 1) — before the first token, so a user waits once,
-    knowingly, not mid-stream. Returns (seconds spent compiling, None) or, where the kernel
-    cannot compile here, (seconds, the reason: the model then runs on the slower
-    dequantizing kernel)."""
+    """Make ready the int8 kernel of every layer shape a decoding step of ``batch_size`` rows
+    meets — one new position per row, and each count in ``positions`` (a speculative step of
+    K proposals verifies K + 1) — before the first token, so a user waits once, knowingly,
+    not mid-stream: the C loop is built once per machine, the fused one (bfloat16, or where
+    the C loop cannot be built) compiled per shape. Returns (seconds spent compiling, None)
+    or, where no kernel compiles here, (seconds, the reason: the model then runs on the
+    slower dequantizing kernel)."""
     before = compile_seconds()
     with torch.inference_mode():
         for layer in model.modules():

@@ -13,8 +13,16 @@ The scheme, per output channel (row ``n`` of the (N, K) weight), symmetric::
 and since ``scale`` is per output, it factors out of the product:
 ``y[m, n] = scale[n] · Σ_k x[m, k] · Q[n, k] + bias[n]``.
 
-Two kernels compute that sum, one chosen by measurement (``bench.generation_speed``):
+Three kernels compute that sum, chosen by measurement (``bench.generation_speed``):
 
+* ``native``: the hand-written C loop of ``int8_native`` (the default for a few float32
+  rows). It rounds each input row to an int16 grid of its own (``xq = round(x / sx)``,
+  ``sx = max|x| / 32767``) and multiplies integers, 32 pairs an instruction where the CPU
+  has AVX-512 (16 with AVX2), so it spends less per weight byte than the float loop below.
+  The one new rounding is x's, at most ``sx / 2`` per entry, so per output
+  ``|error| ≤ scale[n] · Σ_k |Q[n, k]| · sx / 2`` beyond the weight's own; the integer sum is
+  exact, so the result is the same on every CPU and whatever the rows around it. It runs on
+  one thread whatever torch's thread count (a row's result never depends on it).
 * ``fused``: ``torch.compile`` of the sum written as "convert each int8 on load, multiply,
   reduce" — inductor emits one loop that streams the int8 weight once and never builds a
   float copy. It is ~5× faster than fp32 on a weight too large for the caches, where the
@@ -22,8 +30,9 @@ Two kernels compute that sum, one chosen by measurement (``bench.generation_spee
   rows at a time (decoding: B rows of one token; speculation: the K + 1 positions a step
   verifies), each converted weight multiplied into every row, outside autograd. Each row
   count is compiled once per process, on first use — about a second each, a few seconds
-  per model; ``compile_seconds`` says how many. Without a working compiler it falls back,
-  once, with a warning.
+  per model; ``compile_seconds`` says how many. It serves what ``native`` does not: bfloat16
+  rows, and every row where the C loop cannot be built. Without a working compiler it falls
+  back, once, with a warning.
 * ``dequantized``: ``F.linear(x, Q.to(x.dtype)) · scale`` — a float copy of ``Q`` per call,
   then the ordinary matmul. For many rows (a long prompt, a validation batch) the copy is
   paid once for all of them; it is also the path that autograd (gradients to ``x``) goes
@@ -46,6 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from handformer.nn.int8_native import native_build_seconds, native_linear, native_status
+
 __all__ = ["FUSED_MAX_ELEMENTS", "FUSED_MAX_ROWS", "INT8_MAX", "Int8Kernel", "Int8Linear",
            "compile_seconds", "dequantize_weight", "fused_kernel_status", "quantize_weight"]
 
@@ -62,8 +73,8 @@ FUSED_MAX_ELEMENTS = 12 * 3072
 # scale, so Q = round(w / scale) stays finite (and within ±127: see quantize_weight).
 _TINY_SCALE = torch.finfo(torch.float32).smallest_normal * 2.0**-23  # 1.4e-45, subnormal
 
-Int8Kernel = Literal["auto", "fused", "dequantized"]
-KERNELS: tuple[str, ...] = ("auto", "fused", "dequantized")
+Int8Kernel = Literal["auto", "native", "fused", "dequantized"]
+KERNELS: tuple[str, ...] = ("auto", "native", "fused", "dequantized")
 
 
 def quantize_weight(weight: Tensor, name: str = "weight") -> tuple[Tensor, Tensor]:
@@ -234,9 +245,10 @@ _FUSED = _FusedKernel()
 
 
 def compile_seconds() -> float:
-    """Seconds this process has spent compiling the fused int8 kernel, all shapes together
-    (0 before first use; inductor's on-disk cache makes later processes faster)."""
-    return _FUSED.seconds
+    """Seconds this process has spent building int8 kernels: the C loop (0 when its library
+    came from the disk cache) and the fused one, all shapes together (0 before first use;
+    inductor's on-disk cache makes later processes faster)."""
+    return _FUSED.seconds + native_build_seconds()
 
 
 def fused_kernel_status() -> str | None:
@@ -254,11 +266,13 @@ class Int8Linear(nn.Module):
     so code that reads a linear layer's weight (the doctor's attention checks, cross-
     attention's slices) still works. Build one with ``Int8Linear.from_linear(linear)``.
 
-    ``kernel``: ``"auto"`` (fused for up to ``FUSED_MAX_ROWS`` rows of input — a decoding
-    step of B rows, the K + 1 positions a speculative step verifies, a short prompt — while
-    rows × K stays within ``FUSED_MAX_ELEMENTS``; dequantized for more), ``"fused"`` or
-    ``"dequantized"`` (always that one; for tests and benchmarks). The fused kernel is
-    compiled once per row count a layer shape meets.
+    ``kernel``: ``"auto"`` (for up to ``FUSED_MAX_ROWS`` rows of input — a decoding step of B
+    rows, the K + 1 positions a speculative step verifies, a short prompt — while rows × K
+    stays within ``FUSED_MAX_ELEMENTS``: the native loop for float32 rows on the CPU, the
+    fused one otherwise; dequantized for more), ``"native"``, ``"fused"`` or
+    ``"dequantized"`` (always that one where it can run; for tests and benchmarks). The fused
+    kernel is compiled once per row count a layer shape meets; the native one once per
+    machine (cached on disk).
     Whatever autograd must differentiate (training, ``x.requires_grad``) is dequantized.
     ``ValueError`` for an input whose last dim is not K.
     """
@@ -314,7 +328,7 @@ class Int8Linear(nn.Module):
             if x.requires_grad or (bias is not None and bias.requires_grad):
                 return False  # the compiled graph has no backward: autograd goes the other way
         if self.kernel != "auto":
-            return self.kernel == "fused" and rows > 0
+            return self.kernel in ("native", "fused") and rows > 0
         return 0 < rows <= FUSED_MAX_ROWS and rows * self.in_features <= FUSED_MAX_ELEMENTS
 
     def forward(self, x: Tensor) -> Tensor:
@@ -324,11 +338,35 @@ class Int8Linear(nn.Module):
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
         rows = x.numel() // k if k else 0
         if self._use_fused(x, rows):
-            out = self._fused_forward(x, rows)
+            out = self._native_forward(x, rows) if self._takes_native(x) else None
+            if out is None:
+                out = self._fused_forward(x, rows)
             if out is not None:  # None: it cannot compile here (warned once)
                 return out
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def _takes_native(self, x: Tensor) -> bool:
+        """Whether ``x`` (already bound for a few-row kernel) goes through the C loop: float32
+        rows and tensors on the CPU, with the loop built here, and the layer not pinned to
+        ``"fused"``."""
+        if self.kernel == "fused" or x.dtype != torch.float32 or x.device.type != "cpu":
+            return False
+        scale, q = self._buffers["scale"], self._buffers["qweight"]
+        return (scale is not None and scale.dtype == torch.float32 and q is not None
+                and q.is_contiguous() and native_status() is None)
+
+    def _native_forward(self, x: Tensor, rows: int) -> Tensor:
+        """x (..., K) → (..., N) through the hand-written loop, all rows in one call."""
+        flat = x.reshape(rows, self.in_features)  # (M, K)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        stored = self._stored()
+        bias = stored[2] if len(stored) == 3 else None
+        if bias is not None and bias.dtype != torch.float32:
+            bias = bias.float()
+        out = native_linear(flat, stored[0], stored[1], bias)  # (M, N)
+        return out.view((*x.shape[:-1], self.out_features))  # (..., N)
 
     def _fused_forward(self, x: Tensor, rows: int) -> Tensor | None:
         """x (..., K) → (..., N) through the fused kernel compiled for its row count (rows

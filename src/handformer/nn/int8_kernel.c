@@ -1,0 +1,216 @@
+/* The hand-written int8 product of handformer.nn.int8_native: y = x · (Q · scale)ᵀ + bias.
+ *
+ * Why integers: a decoding step multiplies a few rows by every weight, and the float loop
+ * spends a convert, a convert and a multiply-add on each int8 byte it reads, so it cannot keep
+ * up with memory. Here each input row is first rounded to int16 on a grid of its own
+ * (xq = round(x / sx), sx = max|x| / 32767), after which one instruction multiplies 32 int16
+ * activations by 32 widened int8 weights and adds the pairs into 16 int32 sums (AVX-512 VNNI
+ * vpdpwssd; vpmaddwd + vpaddd without VNNI; the same on 256 bits with AVX2).
+ *
+ * Exactness: every product is an integer |xq·q| ≤ 32767 · 127, and a lane adds two of them per
+ * instruction, so a lane stays within int32 for 8256 terms (AVX-512) or 4128 (AVX2). The sums
+ * restart every CHUNK (4096) inputs and each chunk's lanes are added in int64, so the integer
+ * dot product is exact for any K: every instruction set and every blocking gives the same
+ * integer, hence the same output bits. The one rounding that counts is x's to its grid, at most
+ * sx / 2 per entry. The epilogue is y = (float)((double)dot · sx · scale) + bias, in that order.
+ *
+ * Non-finite input: a row holding NaN or ±inf has no grid; its outputs are NaN.
+ * Layout: x (M, K) float32, q (N, K) int8, scale (N,) float32, bias (N,) float32 or NULL,
+ * y (M, N) float32, all contiguous. Output rows go 4 weight rows at a time (each converted
+ * weight vector feeds 4 input rows; a last block of fewer rows repeats row n in the unused
+ * slots and drops their sums), prefetching the weight rows 8 ahead.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define CHUNK 4096
+#define PREFETCH_ROWS 8
+#define XQ_MAX 32767.0f
+
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_VNNI = 3 };
+
+/* The best path this CPU runs (the caller may ask for a lower one). */
+int hf_int8_best_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) {
+        return __builtin_cpu_supports("avx512vnni") ? ISA_AVX512_VNNI : ISA_AVX512;
+    }
+    return __builtin_cpu_supports("avx2") ? ISA_AVX2 : ISA_SCALAR;
+}
+
+/* Row m of x onto its int16 grid; returns sx, or NaN where the row is not finite. */
+static float quantize_row(const float *x, int64_t k_len, int16_t *xq) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int64_t k = 0; k < k_len; k++) {
+        float a = fabsf(x[k]);
+        finite &= isfinite(a) != 0;
+        amax = a > amax ? a : amax;
+    }
+    if (!finite) {
+        for (int64_t k = 0; k < k_len; k++) xq[k] = 0;
+        return NAN;
+    }
+    float sx = amax / XQ_MAX;
+    if (sx == 0.0f) sx = amax > 0.0f ? 1.4e-45f : 1.0f; /* a subnormal row: the smallest step */
+    for (int64_t k = 0; k < k_len; k++) {
+        float v = nearbyintf(x[k] / sx);
+        v = v > XQ_MAX ? XQ_MAX : (v < -XQ_MAX ? -XQ_MAX : v);
+        xq[k] = (int16_t)v;
+    }
+    return sx;
+}
+
+/* block_*: the dot products of input rows [m0, m0 + mb) with weight rows [n, n + nb),
+ * nb ≤ 4, mb ≤ 4, over inputs [k0, k1): out[i][j] += Σ_k xq[m0+i][k] · q[n+j][k], exact. */
+
+static inline __attribute__((always_inline)) void block_scalar(const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb,
+                         int64_t m0, int mb, int64_t k0, int64_t k1, int64_t out[4][4]) {
+    for (int i = 0; i < mb; i++) {
+        for (int j = 0; j < nb; j++) {
+            const int16_t *xr = xq + (m0 + i) * k_len;
+            const int8_t *qr = q + (n + j) * k_len;
+            int64_t s = 0;
+            for (int64_t k = k0; k < k1; k++) s += (int32_t)xr[k] * (int32_t)qr[k];
+            out[i][j] += s;
+        }
+    }
+}
+
+__attribute__((target("avx2")))
+static int64_t sum8_epi32(__m256i v) {
+    __m256i lo = _mm256_cvtepi32_epi64(_mm256_castsi256_si128(v));
+    __m256i hi = _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1));
+    __m256i s = _mm256_add_epi64(lo, hi);
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
+}
+
+__attribute__((target("avx2"))) static inline __attribute__((always_inline))
+void block_avx2(const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb,
+                       int64_t m0, int mb, int64_t k0, int64_t k1, int64_t out[4][4]) {
+    __m256i acc[4][4];
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
+    const int8_t *qr[4];
+    for (int j = 0; j < 4; j++) qr[j] = q + (n + (j < nb ? j : 0)) * k_len;
+    int64_t k = k0;
+    for (; k + 16 <= k1; k += 16) {
+        if ((k & 63) == 0) {
+            for (int j = 0; j < nb; j++)
+                _mm_prefetch((const char *)(qr[j] + PREFETCH_ROWS * k_len + k), _MM_HINT_T0);
+        }
+        __m256i w[4];
+        for (int j = 0; j < 4; j++)
+            w[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qr[j] + k)));
+        for (int i = 0; i < mb; i++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (m0 + i) * k_len + k));
+            for (int j = 0; j < 4; j++)
+                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(xv, w[j]));
+        }
+    }
+    for (int i = 0; i < mb; i++)
+        for (int j = 0; j < nb; j++) out[i][j] += sum8_epi32(acc[i][j]);
+    if (k < k1) block_scalar(xq, q, k_len, n, nb, m0, mb, k, k1, out);
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static int64_t sum16_epi32(__m512i v) {
+    __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
+    __m512i hi = _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(v, 1));
+    return _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
+}
+
+/* One AVX-512 body, two multiply-adds: VNNI's fused one and the two-instruction one. */
+#define BLOCK_AVX512(NAME, TARGET, MADD)                                                      \
+    __attribute__((target(TARGET))) static inline __attribute__((always_inline))              \
+    void NAME(const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb,   \
+                     int64_t m0, int mb, int64_t k0, int64_t k1, int64_t out[4][4]) {         \
+        __m512i acc[4][4];                                                                    \
+        for (int i = 0; i < 4; i++)                                                           \
+            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();                   \
+        const int8_t *qr[4];                                                                  \
+        for (int j = 0; j < 4; j++) qr[j] = q + (n + (j < nb ? j : 0)) * k_len;              \
+        int64_t k = k0;                                                                       \
+        for (; k + 32 <= k1; k += 32) {                                                       \
+            if ((k & 63) == 0) {                                                              \
+                for (int j = 0; j < nb; j++)                                                  \
+                    _mm_prefetch((const char *)(qr[j] + PREFETCH_ROWS * k_len + k),          \
+                                 _MM_HINT_T0);                                                \
+            }                                                                                 \
+            __m512i w[4];                                                                     \
+            for (int j = 0; j < 4; j++)                                                       \
+                w[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(qr[j] + k))); \
+            for (int i = 0; i < mb; i++) {                                                    \
+                __m512i xv = _mm512_loadu_si512((const void *)(xq + (m0 + i) * k_len + k));  \
+                for (int j = 0; j < 4; j++) acc[i][j] = MADD(acc[i][j], xv, w[j]);          \
+            }                                                                                 \
+        }                                                                                     \
+        for (int i = 0; i < mb; i++)                                                          \
+            for (int j = 0; j < nb; j++) out[i][j] += sum16_epi32(acc[i][j]);                \
+        if (k < k1) block_scalar(xq, q, k_len, n, nb, m0, mb, k, k1, out);                   \
+    }
+
+#define MADD_VNNI(acc, x, w) _mm512_dpwssd_epi32((acc), (x), (w))
+#define MADD_BW(acc, x, w) _mm512_add_epi32((acc), _mm512_madd_epi16((x), (w)))
+BLOCK_AVX512(block_avx512_vnni, "avx512f,avx512bw,avx512vnni", MADD_VNNI)
+BLOCK_AVX512(block_avx512, "avx512f,avx512bw", MADD_BW)
+
+/* The products of every 4-row block of x's grid with every 4-row block of q, summed in
+ * CHUNKs, and the epilogue; one copy per path so that each block body inlines into it. */
+#define DRIVER(NAME, TARGET, BLOCK)                                                           \
+    __attribute__((target(TARGET))) static void NAME(                                         \
+        const int16_t *xq, const float *sx, const int8_t *q, const float *scale,              \
+        const float *bias, int64_t m_len, int64_t n_len, int64_t k_len, float *y) {           \
+        for (int64_t n = 0; n < n_len; n += 4) {                                              \
+            int nb = n_len - n < 4 ? (int)(n_len - n) : 4;                                    \
+            for (int64_t m0 = 0; m0 < m_len; m0 += 4) {                                       \
+                int mb = m_len - m0 < 4 ? (int)(m_len - m0) : 4;                              \
+                int64_t dot[4][4] = {{0}};                                                    \
+                for (int64_t k0 = 0; k0 < k_len; k0 += CHUNK) {                               \
+                    int64_t k1 = k_len - k0 < CHUNK ? k_len : k0 + CHUNK;                     \
+                    BLOCK(xq, q, k_len, n, nb, m0, mb, k0, k1, dot);                          \
+                }                                                                             \
+                for (int i = 0; i < mb; i++) {                                                \
+                    for (int j = 0; j < nb; j++) {                                            \
+                        double v = (double)dot[i][j] * (double)sx[m0 + i]                     \
+                                   * (double)scale[n + j];                                    \
+                        float out = (float)v;                                                 \
+                        y[(m0 + i) * n_len + n + j] = bias != NULL ? out + bias[n + j] : out; \
+                    }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+DRIVER(linear_scalar, "arch=x86-64", block_scalar)
+DRIVER(linear_avx2, "avx2", block_avx2)
+DRIVER(linear_avx512, "avx512f,avx512bw", block_avx512)
+DRIVER(linear_avx512_vnni, "avx512f,avx512bw,avx512vnni", block_avx512_vnni)
+
+typedef void (*linear_fn)(const int16_t *, const float *, const int8_t *, const float *,
+                          const float *, int64_t, int64_t, int64_t, float *);
+
+/* y (M, N) = x (M, K) · (q (N, K) · scale)ᵀ + bias on path `isa` (at most hf_int8_best_isa()).
+ * Returns 0, or -1 where the scratch for x's grid cannot be allocated (y is then untouched). */
+int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
+                   const float *bias, int64_t m_len, int64_t n_len, int64_t k_len, float *y) {
+    linear_fn linear = isa >= ISA_AVX512_VNNI ? linear_avx512_vnni
+                       : isa == ISA_AVX512    ? linear_avx512
+                       : isa == ISA_AVX2      ? linear_avx2
+                                              : linear_scalar;
+    int16_t *xq = malloc((size_t)(m_len * k_len + 1) * sizeof(int16_t));
+    float *sx = malloc((size_t)(m_len + 1) * sizeof(float));
+    if (xq == NULL || sx == NULL) {
+        free(xq);
+        free(sx);
+        return -1;
+    }
+    for (int64_t m = 0; m < m_len; m++) sx[m] = quantize_row(x + m * k_len, k_len, xq + m * k_len);
+    linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
+    free(xq);
+    free(sx);
+    return 0;
+}

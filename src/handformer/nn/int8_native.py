@@ -1,0 +1,174 @@
+"""The hand-written int8 product (``int8_kernel.c``): built on first use, called through ctypes.
+
+Why C and not inductor: inductor's loop converts each int8 weight to float and multiplies
+it in float, three instructions per byte, which is slower than memory delivers the bytes.
+The C loop rounds each input row to an int16 grid instead and multiplies integers, 32 pairs
+an instruction (see the C file's header for the arithmetic and why its sum is exact).
+
+The path is chosen at run time: the best one the CPU has (AVX-512 VNNI, AVX-512, AVX2, plain
+C), capped by the level ATen itself runs at (``torch.backends.cpu.get_cpu_capability()``), so
+``ATEN_CPU_CAPABILITY=avx2`` or ``=default`` makes this loop take the older path as well.
+Every path computes the same integers, hence the same output bits.
+
+The shared library is compiled once per source version with the system's C compiler into
+``$HANDFORMER_CACHE`` (default ``~/.cache/handformer``) and reused by later processes.
+Where nothing can compile or load it, ``native_status()`` says why and callers fall back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["ISA_NAMES", "native_build_seconds", "native_isa", "native_linear", "native_status"]
+
+ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_vnni")  # the C file's ISA_* values, in order
+_ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # the highest C path each ATen level allows
+_FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")  # no fused a·b + c in the epilogue
+
+
+class _Native:
+    """The loaded library (or why there is none), found once per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lib: ctypes.CDLL | None = None
+        self._tried = False
+        self.broken: str | None = None
+        self.best = 0  # the best ISA_NAMES index this CPU runs
+        self.default = 0  # ... capped by ATen's level: the one taken unless asked otherwise
+        self.seconds = 0.0  # spent compiling the library (0 when it came from the cache)
+
+    def lib(self) -> ctypes.CDLL | None:
+        if not self._tried:
+            with self._lock:
+                if not self._tried:
+                    self._lib = self._load()
+                    self._tried = True
+        return self._lib
+
+    def _load(self) -> ctypes.CDLL | None:
+        t0 = time.perf_counter()
+        try:
+            path, compiled = _build()
+            lib = ctypes.CDLL(str(path))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            text = str(err).strip()
+            self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+            return None
+        if compiled:
+            self.seconds = time.perf_counter() - t0
+        lib.hf_int8_best_isa.restype = ctypes.c_int
+        lib.hf_int8_best_isa.argtypes = []
+        lib.hf_int8_linear.restype = ctypes.c_int
+        lib.hf_int8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4,
+                                       *[ctypes.c_int64] * 3, ctypes.c_void_p]
+        self.best = int(lib.hf_int8_best_isa())
+        cap = _ATEN_CAP.get(torch.backends.cpu.get_cpu_capability(), 0)
+        self.default = min(self.best, cap)
+        return lib
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("HANDFORMER_CACHE") or os.path.join(Path.home(), ".cache", "handformer")
+    return Path(root) / "kernels"
+
+
+def _build() -> tuple[Path, bool]:
+    """The compiled library for this source and these flags, and whether it was compiled now:
+    from the cache, else compiled under a temporary name and renamed into place (two
+    processes may race; either wins, and both files are the same)."""
+    source = resources.files("handformer.nn").joinpath("int8_kernel.c").read_bytes()
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"int8_kernel-{digest}.so"
+    if target.is_file():
+        return target, False
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        src, out = Path(tmp) / "int8_kernel.c", Path(tmp) / "int8_kernel.so"
+        src.write_bytes(source)
+        done = subprocess.run([compiler, *_FLAGS, "-o", str(out), str(src), "-lm"],
+                              capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler} failed: {(done.stderr or done.stdout).strip()}")
+        os.replace(out, target)
+    return target, True
+
+
+_NATIVE = _Native()
+
+
+def native_status() -> str | None:
+    """Why the hand-written kernel cannot run in this process, or None (it can)."""
+    _NATIVE.lib()
+    return _NATIVE.broken
+
+
+def native_build_seconds() -> float:
+    """Seconds this process spent compiling the C library (0 if it came from the cache or was
+    never asked for)."""
+    return _NATIVE.seconds
+
+
+def native_isa() -> str:
+    """The path ``native_linear`` takes by default here: the CPU's best, capped by ATen's level
+    (``ATEN_CPU_CAPABILITY``). Loads the library on first call; "scalar" where none loads."""
+    _NATIVE.lib()
+    return ISA_NAMES[_NATIVE.default]
+
+
+def _check(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None) -> None:
+    """The C loop reads raw memory: anything but the layout it expects is refused here."""
+    want = ((x, torch.float32, 2), (q, torch.int8, 2), (scale, torch.float32, 1))
+    parts = (*want, (bias, torch.float32, 1)) if bias is not None else want
+    for t, dtype, dims in parts:
+        if t.dtype != dtype or t.dim() != dims or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"int8 kernel: expected contiguous {dims}-D {dtype} tensors on the "
+                             f"CPU; got {tuple(t.shape)} {t.dtype} on {t.device}")
+    n, k = q.shape
+    if x.shape[1] != k or scale.shape[0] != n or (bias is not None and bias.shape[0] != n):
+        raise ValueError(f"int8 kernel: x {tuple(x.shape)}, q {tuple(q.shape)}, scale "
+                         f"{tuple(scale.shape)} and bias "
+                         f"{None if bias is None else tuple(bias.shape)} do not fit")
+
+
+def native_linear(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None,
+                  isa: str | None = None) -> Tensor:
+    """x (M, K) float32, q (N, K) int8, scale (N,) float32, bias (N,) float32 or None → (M, N)
+    float32, all contiguous on the CPU: ``round_to_int16_grid(x) · qᵀ · scale + bias`` (the C
+    file says exactly how). ``isa`` forces one path (``ISA_NAMES``; ``ValueError`` for one this
+    CPU lacks); by default ``native_isa()``. ``RuntimeError`` where the kernel cannot load
+    (``native_status()``) — callers check that first."""
+    lib = _NATIVE.lib()
+    if lib is None:
+        raise RuntimeError(f"the hand-written int8 kernel is unavailable: {_NATIVE.broken}")
+    if isa is None:
+        level = _NATIVE.default
+    elif isa in ISA_NAMES[: _NATIVE.best + 1]:
+        level = ISA_NAMES.index(isa)
+    else:
+        raise ValueError(f"int8 kernel path {isa!r}: expected one of "
+                         f"{ISA_NAMES[:_NATIVE.best + 1]} on this CPU")
+    _check(x, q, scale, bias)
+    m, k = x.shape
+    n = q.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)  # (M, N)
+    code = lib.hf_int8_linear(level, x.data_ptr(), q.data_ptr(), scale.data_ptr(),
+                              None if bias is None else bias.data_ptr(), m, n, k, y.data_ptr())
+    if code != 0:
+        raise MemoryError(f"int8 kernel: no memory for the int16 copy of a ({m}, {k}) input")
+    return y
