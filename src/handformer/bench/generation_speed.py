@@ -13,9 +13,10 @@ Three parts, all in one process, contenders alternated (median of ``--repeats`` 
 warm-up) so machine noise hits them alike, once per thread count in ``--threads``:
 
 * ``kernels``: one (N, K) weight times one vector in each kernel — fp32, bf16,
-  ``torch._weight_int8pack_mm``, dequantize-then-matmul, the fused int8 kernel of
-  ``handformer.nn.quantized`` and, if installed, torchao's int8 weight-only linear — with each
-  one's error against a float64 product. This is the measurement the int8 kernel was chosen by.
+  ``torch._weight_int8pack_mm``, dequantize-then-matmul, the fused and the native (C) int8
+  kernels of ``handformer.nn.quantized`` and, if installed, torchao's int8 weight-only
+  linear — with each one's error against a float64 product. This is the measurement the
+  int8 kernels were chosen by.
 * ``rows``: whole generations, 512 new tokens after a 16-token prompt, at 4L-128d, 6L-384d
   and 12L-768d (GPT-2 small's shape). Contenders come from ``CONTENDER_FACTORIES``: more can
   be registered there (``register_contenders``) and are timed and floored alike.
@@ -46,6 +47,7 @@ from handformer.generate import generate
 from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
+from handformer.nn.int8_native import native_isa, native_status
 from handformer.nn.quantized import Int8Linear, compile_seconds, quantize_weight
 
 __all__ = ["CASES", "CONTENDER_FACTORIES", "Case", "Contender", "Setup", "main",
@@ -302,6 +304,10 @@ def kernel_rows(shape: tuple[int, int], repeats: int) -> list[dict[str, Any]]:
             wq64),
         fused_name: (lambda: fused(x), x.double(), wq64),
     }
+    if native_status() is None:  # the C loop, where this machine can build it
+        native = Int8Linear.from_linear(linear, kernel="native")
+        kernels[f"handformer int8 native ({native_isa()})"] = (lambda: native(x), x.double(),
+                                                                wq64)
     try:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
