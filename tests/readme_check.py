@@ -577,6 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a CI runner giving up) unwinds like Ctrl-C: the running command's process
     # group is killed and the temporary folder removed.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # .ci/run starts this check in the background, which a shell without job control does
+    # with Ctrl-C ignored, inherited by every command: the servers it stops with Ctrl-C would
+    # not stop. A Python handler here is reset to the default in each child at exec.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     before = system_fingerprint(dict(os.environ))
     tmp = Path(tempfile.mkdtemp(prefix="readme-check-"))
