@@ -19,7 +19,8 @@ before unscaling, a schedule one step ahead, Muon taking the embedding, ... — 
 thresholds (``tests/doctor/test_doctor_smallest.py``): each check loosened just enough that
 the smallest break it claims to catch would pass.
 
-    python tests/mutation_check.py            # all mutants (about 20 minutes on 2 cores)
+    python tests/mutation_check.py            # all mutants, one at a time
+    python tests/mutation_check.py --jobs 2   # two at a time, one per core (what CI runs)
     python tests/mutation_check.py rope_q_only final_norm_dropped
     python tests/mutation_check.py --list
 
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -173,6 +175,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "return F.linear(x, q.to(x.dtype))  # (..., N)",
         ("tests/nn/test_quantized.py",),
         "the int8 product forgets the per-channel scale",
+    ),
+    Mutant(
+        "int8_native_bias_dropped", "nn/int8_kernel.c",
+        "y[(m0 + i) * n_len + n + j] = bias != NULL ? out + bias[n + j] : out;",
+        "y[(m0 + i) * n_len + n + j] = out;",
+        ("tests/nn/test_int8_native.py",),
+        "the C int8 loop forgets the layer's bias",
     ),
     Mutant(
         "int8_streams_interleaved", "nn/quantized.py",
@@ -444,40 +453,49 @@ def apply(mutant: Mutant, package: Path) -> None:
     path.write_text(text.replace(mutant.before, mutant.after), encoding="utf-8")
 
 
+def check(m: Mutant, tmp: Path, timeout: float) -> tuple[str, str, float, tuple[str, ...]]:
+    """One mutant from start to end in a package copy of its own: the baseline must pass,
+    then the mutated copy must fail. Returns (name, verdict, seconds of the mutated run,
+    tests)."""
+    src = tmp / m.name / "src"
+    shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.egg-info"))
+    ok, _ = run_tests(src, m.tests, timeout)
+    if not ok:
+        return m.name, "BASELINE FAILS", 0.0, m.tests
+    apply(m, src / "handformer")
+    passed, seconds = run_tests(src, m.tests, timeout)
+    return m.name, "survived" if passed else "caught", seconds, m.tests
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutants to run (default: all)")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per test run")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="mutants checked at once, each in its own process (each test "
+                             "run takes one thread: one job per core)")
     args = parser.parse_args(argv)
     chosen = [m for m in MUTANTS if not args.names or m.name in args.names]
     unknown = set(args.names) - {m.name for m in MUTANTS}
     if unknown:
         parser.error(f"unknown mutants {sorted(unknown)}; --list shows them")
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1; got {args.jobs}")
     if args.list:
         for m in chosen:
             print(f"{m.name:34} {m.file:28} {m.why}")
         return 0
 
-    failures = 0
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="handformer-mutants-") as tmp:
-        for m in chosen:
-            src = Path(tmp) / m.name / "src"
-            shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns(
-                "__pycache__", "*.egg-info"))
-            ok, _ = run_tests(src, m.tests, args.timeout)
-            if not ok:
-                rows.append((m.name, "BASELINE FAILS", 0.0, m.tests))
-                failures += 1
-                continue
-            apply(m, src / "handformer")
-            passed, seconds = run_tests(src, m.tests, args.timeout)
-            verdict = "survived" if passed else "caught"
-            failures += passed
-            rows.append((m.name, verdict, seconds, m.tests))
-            print(f"{m.name:34} {verdict:15} {seconds:6.1f} s   {' '.join(m.tests)}",
-                  flush=True)
+    with tempfile.TemporaryDirectory(prefix="handformer-mutants-") as tmp, \
+            ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = []
+        for row in pool.map(lambda m: check(m, Path(tmp), args.timeout), chosen):
+            name, verdict, seconds, tests = row
+            print(f"{name:34} {verdict:15} {seconds:6.1f} s   {' '.join(tests)}", flush=True)
+            rows.append(row)
+    failures = sum(r[1] != "caught" for r in rows)
     caught = sum(r[1] == "caught" for r in rows)
     print(f"\n{caught} of {len(rows)} mutants caught")
     return 1 if failures else 0
