@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -89,6 +90,8 @@ def _build() -> tuple[Path, bool]:
     """The compiled library for this source and these flags, and whether it was compiled now:
     from the cache, else compiled under a temporary name and renamed into place (two
     processes may race; either wins, and both files are the same)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"the C loop is written for x86-64; this CPU is {platform.machine()}")
     source = resources.files("handformer.nn").joinpath("int8_kernel.c").read_bytes()
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
