@@ -4,7 +4,8 @@ Each mutant is a one-spot edit of the package (an exact snippet replaced by a wr
 the test files that should notice it. For every mutant the package is copied to a
 temporary folder, the edit is applied there (the working tree is never touched), and those
 tests run against the copy; the mutant is *caught* when they fail. A baseline run of the
-same tests on the unmutated copy must pass first, or "caught" would mean nothing.
+same tests on an unmutated copy must pass first, or "caught" would mean nothing (once per
+distinct set of tests: many mutants share theirs).
 
 The list starts from bugs that once slipped past the suite (RoPE applied to queries only, a
 dropped final LayerNorm, fused kernels never compared with the reference, ``<unk>``
@@ -453,16 +454,18 @@ def apply(mutant: Mutant, package: Path) -> None:
     path.write_text(text.replace(mutant.before, mutant.after), encoding="utf-8")
 
 
-def check(m: Mutant, tmp: Path, timeout: float) -> tuple[str, str, float, tuple[str, ...]]:
-    """One mutant from start to end in a package copy of its own: the baseline must pass,
-    then the mutated copy must fail. Returns (name, verdict, seconds of the mutated run,
-    tests)."""
-    src = tmp / m.name / "src"
+def copy_package(dest: Path) -> Path:
+    """A copy of ``src`` at ``dest``; returns its path (what PYTHONPATH points at)."""
+    src = dest / "src"
     shutil.copytree(ROOT / "src", src, ignore=shutil.ignore_patterns(
         "__pycache__", "*.egg-info"))
-    ok, _ = run_tests(src, m.tests, timeout)
-    if not ok:
-        return m.name, "BASELINE FAILS", 0.0, m.tests
+    return src
+
+
+def check(m: Mutant, tmp: Path, timeout: float) -> tuple[str, str, float, tuple[str, ...]]:
+    """One mutant in a package copy of its own (its baseline has passed): the mutated copy
+    must fail its tests. Returns (name, verdict, seconds of the mutated run, tests)."""
+    src = copy_package(tmp / m.name)
     apply(m, src / "handformer")
     passed, seconds = run_tests(src, m.tests, timeout)
     return m.name, "survived" if passed else "caught", seconds, m.tests
@@ -490,8 +493,19 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="handformer-mutants-") as tmp, \
             ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        rows = []
-        for row in pool.map(lambda m: check(m, Path(tmp), args.timeout), chosen):
+        # The baseline: each distinct set of tests passes on one unmutated copy. Many mutants
+        # share their tests (the lever files), and that copy is the same for all of them, so
+        # each set runs once rather than once per mutant.
+        clean = copy_package(Path(tmp) / "unmutated")
+        test_sets = list(dict.fromkeys(m.tests for m in chosen))
+        baseline = dict(zip(test_sets, pool.map(
+            lambda tests: run_tests(clean, tests, args.timeout)[0], test_sets), strict=True))
+        rows = [(m.name, "BASELINE FAILS", 0.0, m.tests) for m in chosen
+                if not baseline[m.tests]]
+        for row in rows:
+            print(f"{row[0]:34} {row[1]:15}          {' '.join(row[3])}", flush=True)
+        testable = [m for m in chosen if baseline[m.tests]]
+        for row in pool.map(lambda m: check(m, Path(tmp), args.timeout), testable):
             name, verdict, seconds, tests = row
             print(f"{name:34} {verdict:15} {seconds:6.1f} s   {' '.join(tests)}", flush=True)
             rows.append(row)

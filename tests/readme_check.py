@@ -1,7 +1,7 @@
 """The README is a test: every shell and Python block of README.md, then README.zh.md, run as
 a new user runs it — on a fresh clone, in order, exactly as printed.
 
-    python tests/readme_check.py            # what CI runs after pytest (minutes, not collected)
+    python tests/readme_check.py            # what CI runs beside pytest (minutes, not collected)
     python tests/readme_check.py --list     # the plan: what runs, what is skipped and why
 
 The run happens in a temporary folder: a ``git clone`` of this repository's HEAD (commit
