@@ -101,15 +101,18 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
 
 
 def test_non_finite_rows_give_nan_and_leave_the_others_alone() -> None:
-    x = torch.randn(4, 40)
-    x[1, 7], x[2, 0] = float("nan"), float("inf")
+    """NaN and ±inf inside the vector loops (columns 0 and 7) and in the tail past the last
+    full vector (column 39 of 40), on every path."""
+    x = torch.randn(5, 40)
+    x[1, 7], x[2, 0], x[4, 39] = float("nan"), float("inf"), float("-inf")
     x[3] = 0.0
     q = torch.randint(-127, 128, (6, 40), dtype=torch.int8)
     scale, bias = torch.rand(6), torch.randn(6)
-    y = native_linear(x, q, scale, bias)
-    assert bool(y[1:3].isnan().all())
-    assert torch.equal(y[3], bias)  # a zero row: exactly the bias
-    assert torch.equal(y[0], reference(x[:1], q, scale, bias)[0])
+    for isa in paths():
+        y = native_linear(x, q, scale, bias, isa=isa)
+        assert bool(y[1:3].isnan().all()) and bool(y[4].isnan().all()), isa
+        assert torch.equal(y[3], bias), isa  # a zero row: exactly the bias
+        assert torch.equal(y[0], reference(x[:1], q, scale, bias)[0]), isa
 
 
 def test_the_layer_takes_the_c_loop_for_float32_and_matches_the_reference() -> None:
@@ -168,3 +171,29 @@ def test_without_a_compiler_the_layer_falls_back_and_says_why(tmp_path: Path) ->
     out = run_python(code, tmp_path / "empty", CC=str(tmp_path / "no-such-cc"))
     status, agrees = out.splitlines()
     assert "no-such-cc" in status and agrees == "True"
+
+
+def test_a_bound_product_checks_its_input_and_a_layer_binds_again_when_its_weight_changes(
+        ) -> None:
+    """``NativeProduct`` checks the stored tensors once and the input every call; a layer
+    whose weight is replaced (assigned, or loaded in place) computes with the new one."""
+    torch.manual_seed(6)
+    q, scale = torch.randint(-127, 128, (5, 24), dtype=torch.int8), torch.rand(5)
+    product = int8_native.NativeProduct(q, scale)
+    x = torch.randn(3, 24)
+    assert torch.equal(product(x), reference(x, q, scale, None))
+    for bad in (x.double(), torch.randn(24, 3).T, torch.randn(3, 25), torch.tensor(1.0)):
+        with pytest.raises(ValueError, match="int8 kernel: "):
+            product(bad)
+    with pytest.raises(ValueError, match="int8 kernel: "):
+        int8_native.NativeProduct(q.float(), scale)
+
+    layer = Int8Linear.from_linear(torch.nn.Linear(24, 5))
+    with torch.inference_mode():
+        before = layer(x)
+        other = Int8Linear.from_linear(torch.nn.Linear(24, 5))
+        layer.load_state_dict(other.state_dict())  # copied in place: same tensors, new values
+        assert torch.equal(layer(x), other(x)) and not torch.equal(layer(x), before)
+        layer.qweight = -other.qweight  # a new tensor in the buffer's place
+        want = reference(x, -other.qweight, other.scale, other.bias.detach())
+        assert torch.equal(layer(x), want)

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handformer.nn.int8_native import native_status
+from handformer.nn.int8_native import NativeProduct, native_status
 from handformer.nn.quantized import (
     INT8_MAX,
     Int8Linear,
@@ -146,17 +146,17 @@ def test_auto_fuses_a_few_rows_and_dequantizes_many(monkeypatch: pytest.MonkeyPa
     from handformer.nn import quantized
 
     few_rows: list[tuple[str, int]] = []
-    real_native, real_fused = Int8Linear._native_forward, Int8Linear._fused_forward
+    real_native, real_fused = NativeProduct.__call__, Int8Linear._fused_forward
 
-    def native_spy(self: Int8Linear, x: torch.Tensor, rows: int) -> torch.Tensor:
-        few_rows.append(("native", rows))
-        return real_native(self, x, rows)
+    def native_spy(self: NativeProduct, x: torch.Tensor) -> torch.Tensor:
+        few_rows.append(("native", x.numel() // self.k))
+        return real_native(self, x)
 
     def fused_spy(self: Int8Linear, x: torch.Tensor, rows: int) -> torch.Tensor | None:
         few_rows.append(("fused", rows))
         return real_fused(self, x, rows)
 
-    monkeypatch.setattr(Int8Linear, "_native_forward", native_spy)
+    monkeypatch.setattr(NativeProduct, "__call__", native_spy)
     monkeypatch.setattr(Int8Linear, "_fused_forward", fused_spy)
     narrow = Int8Linear.from_linear(torch.nn.Linear(16, 8))
     k_wide = quantized.FUSED_MAX_ELEMENTS // 4 + 1  # 4 rows of it pass the element bound

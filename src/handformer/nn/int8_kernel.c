@@ -21,6 +21,7 @@
  * slots and drops their sums), prefetching the weight rows 8 ahead.
  */
 #include <immintrin.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,26 +41,109 @@ int hf_int8_best_isa(void) {
     return __builtin_cpu_supports("avx2") ? ISA_AVX2 : ISA_SCALAR;
 }
 
-/* Row m of x onto its int16 grid; returns sx, or NaN where the row is not finite. */
-static float quantize_row(const float *x, int64_t k_len, int16_t *xq) {
-    float amax = 0.0f;
-    int finite = 1;
-    for (int64_t k = 0; k < k_len; k++) {
-        float a = fabsf(x[k]);
-        finite &= isfinite(a) != 0;
-        amax = a > amax ? a : amax;
-    }
-    if (!finite) {
-        for (int64_t k = 0; k < k_len; k++) xq[k] = 0;
-        return NAN;
-    }
+/* The grid step of a finite row whose largest |x| is amax. */
+static float grid_step(float amax) {
     float sx = amax / XQ_MAX;
     if (sx == 0.0f) sx = amax > 0.0f ? 1.4e-45f : 1.0f; /* a subnormal row: the smallest step */
-    for (int64_t k = 0; k < k_len; k++) {
+    return sx;
+}
+
+/* Row m of x onto its int16 grid, entries [k0, k_len): its largest |x| folded into *amax and
+ * whether all are finite (first pass), then xq = clamp(round(x / sx)) (second pass). The
+ * vector versions below do the same per lane: a max is exact in any order, the division is
+ * IEEE-rounded and the rounding goes to nearest-even in each, so every path makes the same
+ * grid; these loops finish their tails. */
+static int scan_tail(const float *x, int64_t k0, int64_t k_len, float *amax) {
+    int finite = 1;
+    for (int64_t k = k0; k < k_len; k++) {
+        float a = fabsf(x[k]);
+        finite &= isfinite(a) != 0;
+        *amax = a > *amax ? a : *amax;
+    }
+    return finite;
+}
+
+static void round_tail(const float *x, int64_t k0, int64_t k_len, float sx, int16_t *xq) {
+    for (int64_t k = k0; k < k_len; k++) {
         float v = nearbyintf(x[k] / sx);
         v = v > XQ_MAX ? XQ_MAX : (v < -XQ_MAX ? -XQ_MAX : v);
         xq[k] = (int16_t)v;
     }
+}
+
+/* Returns sx, or NaN (and a zero grid) where the row is not finite. */
+static float quantize_row_scalar(const float *x, int64_t k_len, int16_t *xq) {
+    float amax = 0.0f;
+    if (!scan_tail(x, 0, k_len, &amax)) {
+        for (int64_t k = 0; k < k_len; k++) xq[k] = 0;
+        return NAN;
+    }
+    float sx = grid_step(amax);
+    round_tail(x, 0, k_len, sx, xq);
+    return sx;
+}
+
+__attribute__((target("avx2")))
+static float quantize_row_avx2(const float *x, int64_t k_len, int16_t *xq) {
+    const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+    __m256 vmax = _mm256_setzero_ps();
+    int finite = 1;
+    int64_t k = 0;
+    for (; k + 8 <= k_len; k += 8) {
+        __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ)) == 0xFF;
+        vmax = _mm256_max_ps(vmax, a);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    float amax = _mm_cvtss_f32(m4);
+    if (!(scan_tail(x, k, k_len, &amax) & finite)) {
+        for (k = 0; k < k_len; k++) xq[k] = 0;
+        return NAN;
+    }
+    float sx = grid_step(amax);
+    const __m256 step = _mm256_set1_ps(sx), hi = _mm256_set1_ps(XQ_MAX), lo = _mm256_set1_ps(-XQ_MAX);
+    for (k = 0; k + 16 <= k_len; k += 16) {
+        __m256 a = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k), step),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256 b = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k + 8), step),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        a = _mm256_min_ps(_mm256_max_ps(a, lo), hi);
+        b = _mm256_min_ps(_mm256_max_ps(b, lo), hi);
+        /* packs works within 128-bit lanes: a0-3 b0-3 a4-7 b4-7, put back in order */
+        __m256i p = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));
+        _mm256_storeu_si256((__m256i *)(xq + k), _mm256_permute4x64_epi64(p, 0xD8));
+    }
+    round_tail(x, k, k_len, sx, xq);
+    return sx;
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static float quantize_row_avx512(const float *x, int64_t k_len, int16_t *xq) {
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
+    __m512 vmax = _mm512_setzero_ps();
+    int finite = 1;
+    int64_t k = 0;
+    for (; k + 16 <= k_len; k += 16) {
+        __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + k));
+        finite &= _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ) == 0xFFFF;
+        vmax = _mm512_max_ps(vmax, a);
+    }
+    float amax = _mm512_reduce_max_ps(vmax);
+    if (!(scan_tail(x, k, k_len, &amax) & finite)) {
+        for (k = 0; k < k_len; k++) xq[k] = 0;
+        return NAN;
+    }
+    float sx = grid_step(amax);
+    const __m512 step = _mm512_set1_ps(sx), hi = _mm512_set1_ps(XQ_MAX), lo = _mm512_set1_ps(-XQ_MAX);
+    for (k = 0; k + 16 <= k_len; k += 16) {
+        __m512 a = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + k), step),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        a = _mm512_min_ps(_mm512_max_ps(a, lo), hi);
+        _mm256_storeu_si256((__m256i *)(xq + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(a)));
+    }
+    round_tail(x, k, k_len, sx, xq);
     return sx;
 }
 
@@ -208,6 +292,10 @@ int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
         free(sx);
         return -1;
     }
+    float (*quantize_row)(const float *, int64_t, int16_t *) =
+        isa >= ISA_AVX512 ? quantize_row_avx512
+        : isa == ISA_AVX2 ? quantize_row_avx2
+                          : quantize_row_scalar;
     for (int64_t m = 0; m < m_len; m++) sx[m] = quantize_row(x + m * k_len, k_len, xq + m * k_len);
     linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
     free(xq);

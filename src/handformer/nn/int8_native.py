@@ -32,7 +32,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["ISA_NAMES", "native_build_seconds", "native_isa", "native_linear", "native_status"]
+__all__ = ["ISA_NAMES", "NativeProduct", "native_build_seconds", "native_isa", "native_linear",
+           "native_status"]
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_vnni")  # the C file's ISA_* values, in order
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # the highest C path each ATen level allows
@@ -149,29 +150,77 @@ def _check(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None) -> None:
                          f"{None if bias is None else tuple(bias.shape)} do not fit")
 
 
+def _level(isa: str | None) -> int:
+    """The C file's ISA_* value for ``isa`` (None: ``native_isa()``); ``ValueError`` for a
+    path this CPU lacks."""
+    if isa is None:
+        return _NATIVE.default
+    if isa in ISA_NAMES[: _NATIVE.best + 1]:
+        return ISA_NAMES.index(isa)
+    raise ValueError(f"int8 kernel path {isa!r}: expected one of "
+                     f"{ISA_NAMES[:_NATIVE.best + 1]} on this CPU")
+
+
+class NativeProduct:
+    """``x ↦ native_linear(x, q, scale, bias, isa)`` for one stored weight, checked once.
+
+    Why: at batch 1 the C loop streams a weight in tens of µs, and checking four tensors'
+    dtype, layout and device on every call (plus finding the library and the path) costs a
+    visible share of that. A layer binds its stored tensors here once and then passes only
+    its input, whose checks are the few that can change between calls. ``matches`` says
+    whether the bound tensors are still the ones given (the same objects at the same
+    addresses), so a layer whose weights are replaced binds again. ``RuntimeError`` where
+    the kernel cannot load (``native_status()``); ``ValueError`` as ``native_linear``.
+    """
+
+    __slots__ = ("_call", "_level", "_pointers", "_tensors", "k", "n")
+
+    def __init__(self, q: Tensor, scale: Tensor, bias: Tensor | None = None,
+                 isa: str | None = None) -> None:
+        lib = _NATIVE.lib()
+        if lib is None:
+            raise RuntimeError(f"the hand-written int8 kernel is unavailable: {_NATIVE.broken}")
+        self._level = _level(isa)
+        n, k = q.shape if q.dim() == 2 else (-1, -1)
+        _check(torch.empty(0, k if k >= 0 else 0), q, scale, bias)
+        self.n, self.k = n, k
+        self._call = lib.hf_int8_linear
+        self._tensors = (q, scale, bias)  # kept alive: the C loop reads their memory
+        self._pointers = (q.data_ptr(), scale.data_ptr(),
+                          None if bias is None else bias.data_ptr())
+
+    def matches(self, q: Tensor, scale: Tensor, bias: Tensor | None) -> bool:
+        """Whether these are the tensors bound here, still at the same addresses."""
+        bq, bs, bb = self._tensors
+        return (q is bq and scale is bs and bias is bb
+                and (q.data_ptr(), scale.data_ptr(),
+                     None if bias is None else bias.data_ptr()) == self._pointers)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (..., K) float32, contiguous, on the CPU → (..., N) float32 (every leading dim
+        is a row: the loop reads them as one (M, K) block, with no reshape)."""
+        k = self.k
+        if (x.dtype != torch.float32 or x.dim() == 0 or x.shape[-1] != k
+                or not x.is_contiguous() or not x.is_cpu):
+            _check(x.reshape(-1, x.shape[-1]) if x.dim() else x, *self._tensors)  # raises
+        m = x.numel() // k if k else 0
+        y = torch.empty((*x.shape[:-1], self.n), dtype=torch.float32)  # (..., N)
+        q_ptr, scale_ptr, bias_ptr = self._pointers
+        if self._call(self._level, x.data_ptr(), q_ptr, scale_ptr, bias_ptr, m, self.n, k,
+                      y.data_ptr()) != 0:
+            raise MemoryError(f"int8 kernel: no memory for the int16 copy of a ({m}, {k}) "
+                              "input")
+        return y
+
+
 def native_linear(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None,
                   isa: str | None = None) -> Tensor:
     """x (M, K) float32, q (N, K) int8, scale (N,) float32, bias (N,) float32 or None → (M, N)
     float32, all contiguous on the CPU: ``round_to_int16_grid(x) · qᵀ · scale + bias`` (the C
     file says exactly how). ``isa`` forces one path (``ISA_NAMES``; ``ValueError`` for one this
     CPU lacks); by default ``native_isa()``. ``RuntimeError`` where the kernel cannot load
-    (``native_status()``) — callers check that first."""
-    lib = _NATIVE.lib()
-    if lib is None:
-        raise RuntimeError(f"the hand-written int8 kernel is unavailable: {_NATIVE.broken}")
-    if isa is None:
-        level = _NATIVE.default
-    elif isa in ISA_NAMES[: _NATIVE.best + 1]:
-        level = ISA_NAMES.index(isa)
-    else:
-        raise ValueError(f"int8 kernel path {isa!r}: expected one of "
-                         f"{ISA_NAMES[:_NATIVE.best + 1]} on this CPU")
+    (``native_status()``) — callers check that first. A layer that calls it for the same
+    weight again and again binds a ``NativeProduct`` instead."""
+    product = NativeProduct(q, scale, bias, isa)
     _check(x, q, scale, bias)
-    m, k = x.shape
-    n = q.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)  # (M, N)
-    code = lib.hf_int8_linear(level, x.data_ptr(), q.data_ptr(), scale.data_ptr(),
-                              None if bias is None else bias.data_ptr(), m, n, k, y.data_ptr())
-    if code != 0:
-        raise MemoryError(f"int8 kernel: no memory for the int16 copy of a ({m}, {k}) input")
-    return y
+    return product(x)

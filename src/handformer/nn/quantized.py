@@ -55,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from handformer.nn.int8_native import native_build_seconds, native_linear, native_status
+from handformer.nn.int8_native import NativeProduct, native_build_seconds, native_status
 
 __all__ = ["FUSED_MAX_ELEMENTS", "FUSED_MAX_ROWS", "INT8_MAX", "Int8Kernel", "Int8Linear",
            "compile_seconds", "dequantize_weight", "fused_kernel_status", "quantize_weight"]
@@ -285,6 +285,7 @@ class Int8Linear(nn.Module):
             raise ValueError(f"unknown int8 kernel {kernel!r}; expected one of {KERNELS}")
         self.in_features, self.out_features, self.kernel = in_features, out_features, kernel
         self._kernels: dict[tuple[object, ...], Callable[..., Tensor]] = {}
+        self._native: NativeProduct | None = None  # the C loop bound to the stored tensors
         self.register_buffer("qweight", torch.zeros(out_features, in_features,
                                                     dtype=torch.int8, device=device))
         self.register_buffer("scale", torch.ones(out_features, dtype=dtype, device=device))
@@ -338,9 +339,9 @@ class Int8Linear(nn.Module):
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
         rows = x.numel() // k if k else 0
         if self._use_fused(x, rows):
-            out = self._native_forward(x, rows) if self._takes_native(x) else None
-            if out is None:
-                out = self._fused_forward(x, rows)
+            if self._takes_native(x):  # the C loop, bound to this layer: all rows in one call
+                return self._native(x if x.is_contiguous() else x.contiguous())  # type: ignore[misc]
+            out = self._fused_forward(x, rows)
             if out is not None:  # None: it cannot compile here (warned once)
                 return out
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
@@ -350,23 +351,27 @@ class Int8Linear(nn.Module):
         """Whether ``x`` (already bound for a few-row kernel) goes through the C loop: float32
         rows and tensors on the CPU, with the loop built here, and the layer not pinned to
         ``"fused"``."""
-        if self.kernel == "fused" or x.dtype != torch.float32 or x.device.type != "cpu":
+        if self.kernel == "fused" or x.dtype != torch.float32 or not x.is_cpu:
             return False
-        scale, q = self._buffers["scale"], self._buffers["qweight"]
-        return (scale is not None and scale.dtype == torch.float32 and q is not None
-                and q.is_contiguous() and native_status() is None)
+        return self._native_product() is not None
 
-    def _native_forward(self, x: Tensor, rows: int) -> Tensor:
-        """x (..., K) → (..., N) through the hand-written loop, all rows in one call."""
-        flat = x.reshape(rows, self.in_features)  # (M, K)
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
+    def _native_product(self) -> NativeProduct | None:
+        """The C loop bound to this layer's stored tensors (bound again when they were
+        replaced), or None where it cannot serve them: not float32 and contiguous on the
+        CPU, or no loop built here."""
         stored = self._stored()
+        q, scale = stored[0], stored[1]
         bias = stored[2] if len(stored) == 3 else None
-        if bias is not None and bias.dtype != torch.float32:
-            bias = bias.float()
-        out = native_linear(flat, stored[0], stored[1], bias)  # (M, N)
-        return out.view((*x.shape[:-1], self.out_features))  # (..., N)
+        product = self.__dict__.get("_native")  # absent in a layer pickled before it
+        if product is not None and product.matches(q, scale, bias):
+            return product
+        self._native = None
+        if (scale.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32)
+                or not (q.is_cpu and scale.is_cpu) or not q.is_contiguous()
+                or native_status() is not None):
+            return None
+        self._native = NativeProduct(q, scale, bias)
+        return self._native
 
     def _fused_forward(self, x: Tensor, rows: int) -> Tensor | None:
         """x (..., K) → (..., N) through the fused kernel compiled for its row count (rows
@@ -402,11 +407,11 @@ class Int8Linear(nn.Module):
         """Pickled (``torch.save(model)``) without the compiled kernels: they are found again
         on first use."""
         state = super().__getstate__()  # type: ignore[misc]
-        return {**state, "_kernels": {}}
+        return {**state, "_kernels": {}, "_native": None}
 
     def _apply(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Int8Linear:
         """``.to()``, ``.cuda()``, …: the tensors change, so forget the kernels found for them."""
-        self._kernels = {}
+        self._kernels, self._native = {}, None
         return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
