@@ -20,8 +20,8 @@ before unscaling, a schedule one step ahead, Muon taking the embedding, ... — 
 thresholds (``tests/doctor/test_doctor_smallest.py``): each check loosened just enough that
 the smallest break it claims to catch would pass.
 
-    python tests/mutation_check.py            # all mutants, one at a time
-    python tests/mutation_check.py --jobs 2   # two at a time, one per core (what CI runs)
+    python tests/mutation_check.py            # all mutants, one at a time (what CI runs)
+    python tests/mutation_check.py --jobs 2   # two at a time, one per core
     python tests/mutation_check.py rope_q_only final_norm_dropped
     python tests/mutation_check.py --list
 
