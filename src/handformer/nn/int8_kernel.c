@@ -71,40 +71,46 @@ static void round_tail(const float *x, int64_t k0, int64_t k_len, float sx, int1
     }
 }
 
-/* Returns sx, or NaN (and a zero grid) where the row is not finite. */
-static float quantize_row_scalar(const float *x, int64_t k_len, int16_t *xq) {
-    float amax = 0.0f;
-    if (!scan_tail(x, 0, k_len, &amax)) {
-        for (int64_t k = 0; k < k_len; k++) xq[k] = 0;
-        return NAN;
-    }
-    float sx = grid_step(amax);
-    round_tail(x, 0, k_len, sx, xq);
-    return sx;
+/* A row that is not finite has no grid: zeros, and NaN for its step. */
+static float no_grid(int16_t *xq, int64_t k_len) {
+    for (int64_t k = 0; k < k_len; k++) xq[k] = 0;
+    return NAN;
+}
+
+/* The vector part of each pass, per path: scan_* folds |x| of entries [0, k) into *amax and
+ * clears *finite on a NaN or ±inf; round_* writes the grid of entries [0, k); both return k,
+ * where the tails above take over (the scalar path leaves every entry to them). */
+static int64_t scan_none(const float *x, int64_t k_len, float *amax, int *finite) {
+    (void)x, (void)k_len, (void)amax, (void)finite;
+    return 0;
+}
+
+static int64_t round_none(const float *x, int64_t k_len, float sx, int16_t *xq) {
+    (void)x, (void)k_len, (void)sx, (void)xq;
+    return 0;
 }
 
 __attribute__((target("avx2")))
-static float quantize_row_avx2(const float *x, int64_t k_len, int16_t *xq) {
+static int64_t scan_avx2(const float *x, int64_t k_len, float *amax, int *finite) {
     const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
     __m256 vmax = _mm256_setzero_ps();
-    int finite = 1;
     int64_t k = 0;
     for (; k + 8 <= k_len; k += 8) {
         __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
-        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ)) == 0xFF;
+        *finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ)) == 0xFF;
         vmax = _mm256_max_ps(vmax, a);
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-    float amax = _mm_cvtss_f32(m4);
-    if (!(scan_tail(x, k, k_len, &amax) & finite)) {
-        for (k = 0; k < k_len; k++) xq[k] = 0;
-        return NAN;
-    }
-    float sx = grid_step(amax);
+    *amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
+    return k;
+}
+
+__attribute__((target("avx2")))
+static int64_t round_avx2(const float *x, int64_t k_len, float sx, int16_t *xq) {
     const __m256 step = _mm256_set1_ps(sx), hi = _mm256_set1_ps(XQ_MAX), lo = _mm256_set1_ps(-XQ_MAX);
-    for (k = 0; k + 16 <= k_len; k += 16) {
+    int64_t k = 0;
+    for (; k + 16 <= k_len; k += 16) {
         __m256 a = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k), step),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         __m256 b = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k + 8), step),
@@ -115,35 +121,49 @@ static float quantize_row_avx2(const float *x, int64_t k_len, int16_t *xq) {
         __m256i p = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));
         _mm256_storeu_si256((__m256i *)(xq + k), _mm256_permute4x64_epi64(p, 0xD8));
     }
-    round_tail(x, k, k_len, sx, xq);
-    return sx;
+    return k;
 }
 
 __attribute__((target("avx512f,avx512bw")))
-static float quantize_row_avx512(const float *x, int64_t k_len, int16_t *xq) {
+static int64_t scan_avx512(const float *x, int64_t k_len, float *amax, int *finite) {
     const __m512 big = _mm512_set1_ps(FLT_MAX);
     __m512 vmax = _mm512_setzero_ps();
-    int finite = 1;
     int64_t k = 0;
     for (; k + 16 <= k_len; k += 16) {
         __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + k));
-        finite &= _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ) == 0xFFFF;
+        *finite &= _mm512_cmp_ps_mask(a, big, _CMP_LE_OQ) == 0xFFFF;
         vmax = _mm512_max_ps(vmax, a);
     }
-    float amax = _mm512_reduce_max_ps(vmax);
-    if (!(scan_tail(x, k, k_len, &amax) & finite)) {
-        for (k = 0; k < k_len; k++) xq[k] = 0;
-        return NAN;
-    }
-    float sx = grid_step(amax);
+    *amax = _mm512_reduce_max_ps(vmax);
+    return k;
+}
+
+__attribute__((target("avx512f,avx512bw")))
+static int64_t round_avx512(const float *x, int64_t k_len, float sx, int16_t *xq) {
     const __m512 step = _mm512_set1_ps(sx), hi = _mm512_set1_ps(XQ_MAX), lo = _mm512_set1_ps(-XQ_MAX);
-    for (k = 0; k + 16 <= k_len; k += 16) {
+    int64_t k = 0;
+    for (; k + 16 <= k_len; k += 16) {
         __m512 a = _mm512_roundscale_ps(_mm512_div_ps(_mm512_loadu_ps(x + k), step),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         a = _mm512_min_ps(_mm512_max_ps(a, lo), hi);
         _mm256_storeu_si256((__m256i *)(xq + k), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(a)));
     }
-    round_tail(x, k, k_len, sx, xq);
+    return k;
+}
+
+typedef int64_t (*scan_fn)(const float *, int64_t, float *, int *);
+typedef int64_t (*round_fn)(const float *, int64_t, float, int16_t *);
+
+/* Row m of x onto its int16 grid with one path's vector parts; returns sx, or NaN (and a
+ * zero grid) where the row is not finite. */
+static float quantize_row(const float *x, int64_t k_len, int16_t *xq, scan_fn scan,
+                          round_fn round_row) {
+    float amax = 0.0f;
+    int finite = 1;
+    int64_t k = scan(x, k_len, &amax, &finite);
+    if (!(scan_tail(x, k, k_len, &amax) & finite)) return no_grid(xq, k_len);
+    float sx = grid_step(amax);
+    round_tail(x, round_row(x, k_len, sx, xq), k_len, sx, xq);
     return sx;
 }
 
@@ -292,11 +312,12 @@ int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
         free(sx);
         return -1;
     }
-    float (*quantize_row)(const float *, int64_t, int16_t *) =
-        isa >= ISA_AVX512 ? quantize_row_avx512
-        : isa == ISA_AVX2 ? quantize_row_avx2
-                          : quantize_row_scalar;
-    for (int64_t m = 0; m < m_len; m++) sx[m] = quantize_row(x + m * k_len, k_len, xq + m * k_len);
+    scan_fn scan = isa >= ISA_AVX512 ? scan_avx512 : isa == ISA_AVX2 ? scan_avx2 : scan_none;
+    round_fn round_row = isa >= ISA_AVX512 ? round_avx512
+                         : isa == ISA_AVX2 ? round_avx2
+                                           : round_none;
+    for (int64_t m = 0; m < m_len; m++)
+        sx[m] = quantize_row(x + m * k_len, k_len, xq + m * k_len, scan, round_row);
     linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
     free(xq);
     free(sx);
