@@ -182,7 +182,10 @@ def test_a_bound_product_checks_its_input_and_a_layer_binds_again_when_its_weigh
     product = int8_native.NativeProduct(q, scale)
     x = torch.randn(3, 24)
     assert torch.equal(product(x), reference(x, q, scale, None))
-    for bad in (x.double(), torch.randn(24, 3).T, torch.randn(3, 25), torch.tensor(1.0)):
+    rows = torch.randn(2, 3, 24)  # leading dims are rows: (2, 3, 24) → (2, 3, 5)
+    assert torch.equal(product(rows), reference(rows.view(6, 24), q, scale, None).view(2, 3, 5))
+    for bad in (x.double(), torch.randn(24, 3).T, torch.randn(3, 25), torch.tensor(1.0),
+                torch.randn(2, 24, 3).transpose(1, 2)):  # a layout no (M, K) view can read
         with pytest.raises(ValueError, match="int8 kernel: "):
             product(bad)
     with pytest.raises(ValueError, match="int8 kernel: "):

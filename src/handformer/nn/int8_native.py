@@ -202,7 +202,9 @@ class NativeProduct:
         k = self.k
         if (x.dtype != torch.float32 or x.dim() == 0 or x.shape[-1] != k
                 or not x.is_contiguous() or not x.is_cpu):
-            _check(x.reshape(-1, x.shape[-1]) if x.dim() else x, *self._tensors)  # raises
+            layout = "contiguous" if x.is_contiguous() else "not contiguous"
+            raise ValueError(f"int8 kernel: expected a contiguous float32 (..., {k}) tensor on "
+                             f"the CPU; got {tuple(x.shape)} {x.dtype}, {layout}, on {x.device}")
         m = x.numel() // k if k else 0
         y = torch.empty((*x.shape[:-1], self.n), dtype=torch.float32)  # (..., N)
         q_ptr, scale_ptr, bias_ptr = self._pointers
