@@ -339,39 +339,36 @@ class Int8Linear(nn.Module):
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
         rows = x.numel() // k if k else 0
         if self._use_fused(x, rows):
-            if self._takes_native(x):  # the C loop, bound to this layer: all rows in one call
-                return self._native(x if x.is_contiguous() else x.contiguous())  # type: ignore[misc]
+            product = self._native_product(x)
+            if product is not None:  # the C loop, bound to this layer: all rows in one call
+                return product(x if x.is_contiguous() else x.contiguous())  # (..., N)
             out = self._fused_forward(x, rows)
             if out is not None:  # None: it cannot compile here (warned once)
                 return out
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
-    def _takes_native(self, x: Tensor) -> bool:
-        """Whether ``x`` (already bound for a few-row kernel) goes through the C loop: float32
-        rows and tensors on the CPU, with the loop built here, and the layer not pinned to
-        ``"fused"``."""
+    def _native_product(self, x: Tensor) -> NativeProduct | None:
+        """The C loop bound to this layer's stored tensors, or None where it does not serve
+        ``x`` (already bound for a few-row kernel): rows not float32 on the CPU, the layer
+        pinned to ``"fused"``, no loop built here, or stored tensors it cannot read (the
+        checks ``NativeProduct`` makes). Bound once; bound again when they were replaced."""
         if self.kernel == "fused" or x.dtype != torch.float32 or not x.is_cpu:
-            return False
-        return self._native_product() is not None
-
-    def _native_product(self) -> NativeProduct | None:
-        """The C loop bound to this layer's stored tensors (bound again when they were
-        replaced), or None where it cannot serve them: not float32 and contiguous on the
-        CPU, or no loop built here."""
+            return None
         stored = self._stored()
         q, scale = stored[0], stored[1]
         bias = stored[2] if len(stored) == 3 else None
         product = self.__dict__.get("_native")  # absent in a layer pickled before it
         if product is not None and product.matches(q, scale, bias):
             return product
-        self._native = None
-        if (scale.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32)
-                or not (q.is_cpu and scale.is_cpu) or not q.is_contiguous()
-                or native_status() is not None):
+        if native_status() is not None:
             return None
-        self._native = NativeProduct(q, scale, bias)
-        return self._native
+        try:
+            product = NativeProduct(q, scale, bias)
+        except ValueError:  # e.g. a bfloat16 scale: the fused kernel serves it instead
+            product = None
+        self._native = product
+        return product
 
     def _fused_forward(self, x: Tensor, rows: int) -> Tensor | None:
         """x (..., K) → (..., N) through the fused kernel compiled for its row count (rows
