@@ -46,10 +46,12 @@ def test_paged_prefill_and_batched_decode_equal_the_contiguous_cache(positional:
                 if len(chunk):
                     model(chunk[None], cache=PagedBatchCache(pool, [table], [done], len(chunk)))
                     done += len(chunk)
-        # One batched step: every request feeds its last token, over different past lengths.
+        # One batched step: every request feeds its last token, over different past lengths,
+        # packed into one row; each attends over its own keys (query start, queries, key
+        # start, keys).
         cache = PagedBatchCache(pool, tables, [len(s) - 1 for s in seqs], 1)
-        assert cache.row_spans == [(4, 5, 1), (8, 1, 1), (0, 9, 1)]  # each row over its own keys
-        paged = model(torch.stack([s[-1:] for s in seqs]), cache=cache)[:, -1]  # (B, V)
+        assert cache.row_spans == [(0, 1, 0, 5), (1, 1, 5, 1), (2, 1, 6, 9)]
+        paged = model(torch.cat([s[-1:] for s in seqs])[None], cache=cache)[0]  # (B, V)
         for i, seq in enumerate(seqs):
             contiguous = model.make_cache(1)
             if len(seq) > 1:
@@ -66,18 +68,19 @@ def test_paged_prefill_and_batched_decode_equal_the_contiguous_cache(positional:
 
 
 @pytest.mark.parametrize("positional", ["learned", "rope", "alibi"])
-def test_prefill_chunks_of_different_lengths_in_one_call_equal_one_call_each(
+def test_prefill_chunks_and_decoding_tokens_in_one_call_equal_one_call_each(
         positional: str) -> None:
-    """Right-padded rows: each row's logits at its last real token, and what it writes to
-    the pool, are those of its own call; the padding writes nothing."""
+    """Requests packed into one row: each one's logits at its last new token, and what it
+    writes to the pool, are those of its own call; nothing else is written."""
     model = tiny_lm(positional=positional, n_kv_heads=2)
     torch.manual_seed(2)
-    # Row 0 starts from nothing, rows 1 and 2 continue after 4 and 7 cached tokens.
-    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (6, 7, 9)]
-    cached, new = [0, 4, 7], [6, 3, 2]
+    # Request 0 starts from nothing, 1 and 2 continue a prefill after 4 and 7 cached
+    # tokens, 3 decodes one token after 4.
+    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (6, 7, 9, 5)]
+    cached, new = [0, 4, 7, 4], [6, 3, 2, 1]
     pools = [KVPool(model.config, num_blocks=12, block_size=4, dtype=torch.float32,
                     device="cpu") for _ in range(2)]
-    tables = [[0, 1], [5, 2], [9, 3, 7]]
+    tables = [[0, 1], [5, 2], [9, 3, 7], [4, 6]]
     with torch.inference_mode():
         for pool in pools:  # the cached prefixes, one call each
             for seq, table, n in zip(seqs, tables, cached, strict=True):
@@ -86,13 +89,13 @@ def test_prefill_chunks_of_different_lengths_in_one_call_equal_one_call_each(
         alone = [model(seq[None, n : n + k], cache=PagedBatchCache(pools[0], [table], [n],
                                                                    k))[0, -1]
                  for seq, table, n, k in zip(seqs, tables, cached, new, strict=True)]
-        ids = torch.stack([torch.cat([s[n : n + k], s[n + k - 1 :].new_full((6 - k,), 3)])
-                           for s, n, k in zip(seqs, cached, new, strict=True)])  # (3, 6)
+        ids = torch.cat([s[n : n + k] for s, n, k in zip(seqs, cached, new, strict=True)])
         cache = PagedBatchCache(pools[1], tables, cached, new)
-        assert cache.row_spans is not None and len(cache.write_slots) == sum(new)
-        logits = model(ids, cache=cache)  # (3, 6, V)
-    for i, k in enumerate(new):
-        torch.testing.assert_close(logits[i, k - 1], alone[i], rtol=1e-4, atol=1e-4)
+        assert cache.row_spans == [(0, 6, 0, 6), (6, 3, 6, 7), (9, 2, 13, 9), (11, 1, 22, 5)]
+        assert len(cache.write_slots) == sum(new)
+        logits = model(ids[None], cache=cache)[0]  # (12, V)
+    for i, last in enumerate(torch.tensor(new).cumsum(0) - 1):
+        torch.testing.assert_close(logits[last], alone[i], rtol=1e-4, atol=1e-4)
     # Both pools hold the same keys and values in every slot the requests own (and
     # nothing was written anywhere else: the untouched slots are still zero).
     owned = sorted(slot for table, n, k in zip(tables, cached, new, strict=True)
@@ -104,10 +107,10 @@ def test_prefill_chunks_of_different_lengths_in_one_call_equal_one_call_each(
 
 
 @pytest.mark.parametrize("positional", ["learned", "alibi"])
-def test_rows_of_different_lengths_never_read_the_padding(positional: str) -> None:
-    """Each row of a ragged decoding batch attends over its own columns only: NaN in every
-    slot no request owns (slot 0, which the padding columns gather, included) reaches no
-    row, and each row's logits are those it has alone."""
+def test_requests_in_one_call_read_only_their_own_slots(positional: str) -> None:
+    """Each request of a packed decoding batch attends over its own columns only: NaN in
+    every slot no request owns reaches no request, and each one's logits are those it has
+    alone."""
     model = tiny_lm(positional=positional, n_kv_heads=2)
     torch.manual_seed(3)
     seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (3, 8, 5)]
@@ -121,45 +124,39 @@ def test_rows_of_different_lengths_never_read_the_padding(positional: str) -> No
         for seq, table in zip(seqs, tables, strict=True):  # every prompt but its last token
             model(seq[None, :-1], cache=PagedBatchCache(pool, [table], [0], len(seq) - 1))
         cached = [len(s) - 1 for s in seqs]
-        last = torch.stack([s[-1:] for s in seqs])  # (3, 1)
+        last = torch.cat([s[-1:] for s in seqs])[None]  # (1, 3)
         cache = PagedBatchCache(pool, tables, cached, 1)
-        assert cache.row_spans == [(5, 3, 1), (0, 8, 1), (3, 5, 1)]
-        batched = model(last, cache=cache)[:, -1]  # (3, V)
-        alone = [model(last[i : i + 1], cache=PagedBatchCache(pool, [tables[i]], [cached[i]],
-                                                              1))[0, -1] for i in range(3)]
+        assert cache.row_spans == [(0, 1, 0, 3), (1, 1, 3, 8), (2, 1, 11, 5)]
+        batched = model(last, cache=cache)[0]  # (3, V)
+        alone = [model(last[:, i : i + 1], cache=PagedBatchCache(pool, [tables[i]],
+                                                                 [cached[i]], 1))[0, -1]
+                 for i in range(3)]
     assert torch.isfinite(batched).all()
     for i in range(3):
         torch.testing.assert_close(batched[i], alone[i], rtol=1e-5, atol=1e-5)
     assert pool.kv[:, unowned].isnan().all()  # and nothing was written outside the tables
 
 
-def test_a_ragged_batch_takes_no_mask_and_returns_no_weights() -> None:
+def test_a_packed_batch_takes_no_mask_and_returns_no_weights() -> None:
     model = tiny_lm(n_kv_heads=2)
     pool = KVPool(model.config, num_blocks=4, block_size=4, dtype=torch.float32, device="cpu")
     cache = PagedBatchCache(pool, [[0], [1]], [2, 0], 1)
     attention = model.blocks[0].self_attn
-    x = torch.randn(2, 1, model.config.d_model)
+    x = torch.randn(1, 2, model.config.d_model)
     with pytest.raises(ValueError, match="no mask and returns no weights"):
         attention(x, cache=cache.layers[0], cache_start=cache.past, need_weights=True)
-
-
-def test_prefill_groups_share_a_call_only_while_the_padding_stays_small() -> None:
-    from handformer.serve.engine import PREFILL_PADDING, prefill_groups
-
-    chunks = [(object(), n) for n in (2, 30, 28, 64, 3, 29)]
-    groups = prefill_groups(chunks)  # type: ignore[arg-type]
-    sizes = [[n for _, n in g] for g in groups]
-    assert sorted(n for g in sizes for n in g) == sorted(n for _, n in chunks)
-    assert sizes[0] == [64]  # nothing near its length
-    assert [30, 29, 28] in sizes and [3, 2] in sizes
-    for g in sizes:
-        assert len(g) * g[0] <= (1 + PREFILL_PADDING) * sum(g)
-    assert prefill_groups([]) == []
 
 
 def test_a_paged_cache_refuses_what_it_was_not_built_for() -> None:
     model = tiny_lm()
     pool = KVPool(model.config, 4, 4, dtype=torch.float32, device="cpu")
     cache = PagedBatchCache(pool, [[0, 1]], [0], 2)
-    with pytest.raises(ValueError, match="exactly the new tokens"):
+    with pytest.raises(ValueError, match="exactly the 2 new tokens it was built for"):
         model(torch.tensor([[5, 6, 7]]), cache=cache)
+    two = PagedBatchCache(pool, [[0], [1]], [0, 0], 1)
+    with pytest.raises(ValueError, match="in one row"):  # the old (B, 1) layout
+        model(torch.tensor([[5], [6]]), cache=two)
+    with pytest.raises(ValueError, match="new tokens ≥ 1"):
+        PagedBatchCache(pool, [[0], [1]], [0, 0], [1, 0])
+    with pytest.raises(ValueError, match="a block table"):
+        PagedBatchCache(pool, [], [], 1)

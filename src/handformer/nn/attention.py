@@ -268,27 +268,29 @@ def _run_kernel(
     return _fused_attention(q, k, v, mask, dropout_p, is_causal, bias), None
 
 
-def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int, int, int]],
+def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int, int, int, int]],
                      kind: str, dropout_p: float, is_causal: bool,
-                     bias: Tensor | None) -> Tensor:
-    """Attention for a batch whose rows hold different lengths: q (B, H, T, D), k and v
-    (B, Hkv, S, D), row i's keys in columns [start, start + n_keys) and its real queries the
-    first n_queries; ``spans[i] = (start, n_keys, n_queries)``. Each row runs the kernel on
-    its own slice, with the causal mask end-aligned within it — the shapes the row has
-    alone — so no padded key enters any reduction: padding costs no work and needs no mask,
-    and a row's attention does not depend on what else is in the batch (nor, in bf16, does
-    its rounding). Padded queries get zeros. Returns (B, H, T, D)."""
-    out = q.new_zeros(q.shape)  # (B, H, T, D)
-    for i, (start, n_keys, n_queries) in enumerate(spans):
-        keys = slice(start, start + n_keys)
-        row_bias = None
-        if bias is not None:  # (B|1, H, T, S)
-            row_bias = bias[i : i + 1] if bias.shape[0] > 1 else bias
-            row_bias = row_bias[:, :, :n_queries, keys]  # (1, H, t_i, s_i)
-        out[i : i + 1, :, :n_queries] = _run_kernel(
-            q[i : i + 1, :, :n_queries], k[i : i + 1, :, keys], v[i : i + 1, :, keys], None,
-            kind, dropout_p, is_causal, False, row_bias)[0]  # (1, H, t_i, D)
-    return out
+                     positions: tuple[Tensor, Tensor] | None,
+                     slopes: Tensor | None) -> Tensor:
+    """Attention for requests packed one after another along the sequence axis: q (B, H, T,
+    D), k and v (B, Hkv, S, D); ``spans[i] = (query start, queries, key start, keys)`` is
+    segment i's queries and the keys they attend over, the spans tiling T in order. Each
+    segment runs the kernel on its own slices, with the causal mask end-aligned within it
+    — the shapes it has alone — so no other segment's key enters any of its reductions
+    and it needs no mask: its attention does not depend on what else is in the batch (nor,
+    in bf16, does its rounding). ALiBi's bias (``slopes``, from the (query, key)
+    ``positions``) is built per segment, so memory stays linear in the batch. Returns
+    (B, H, T, D)."""
+    pieces = []
+    for q_start, n_queries, k_start, n_keys in spans:
+        queries, keys = slice(q_start, q_start + n_queries), slice(k_start, k_start + n_keys)
+        bias = None
+        if slopes is not None and positions is not None:
+            q_pos, k_pos = positions  # (B|1, T), (B|1, S)
+            bias = alibi_bias(slopes, q_pos[:, queries], k_pos[:, keys]).to(q.dtype)
+        pieces.append(_run_kernel(q[:, :, queries], k[:, :, keys], v[:, :, keys], None, kind,
+                                  dropout_p, is_causal, False, bias)[0])  # (B, H, t_i, D)
+    return torch.cat(pieces, dim=2)  # (B, H, T, D)
 
 
 class MultiHeadAttention(nn.Module):
@@ -447,7 +449,11 @@ class MultiHeadAttention(nn.Module):
                 k = self.rotary(k, positions)  # type: ignore[misc]
             kv = torch.cat([k, v], dim=1)  # (B, 2·Hkv, S_new, D)
 
+        # A packed batch of requests (``row_spans``: see ``serve.paged``) attends segment by
+        # segment over its own keys.
+        spans = cache.row_spans if cache is not None else None
         bias = None
+        alibi_positions = None
         if self.positional != "none":
             if positions is None:
                 positions = torch.arange(t, device=x.device)  # (T,)
@@ -458,20 +464,22 @@ class MultiHeadAttention(nn.Module):
                 if key_positions is None:
                     key_positions = q_pos
                 k_pos = key_positions if key_positions.dim() == 2 else key_positions[None]
-                bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)  # (B|1,H,T,S)
-        spans = None
+                if spans is None:  # (B|1, H, T, S)
+                    bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)
+                else:  # built per segment
+                    alibi_positions = (q_pos, k_pos)
         if cache is not None:
             k, v = cache.update(kv, cache_start)  # (B, Hkv, S, D) each
-            spans = cache.row_spans  # set when the cached rows hold different lengths
         else:
             k, v = kv.split_with_sizes([hkv, hkv], dim=1)  # (B, Hkv, S, D) each
         dropout_p = self.dropout if self.training else 0.0
-        if spans is not None:  # a ragged batch: each row over its own keys
+        if spans is not None:
             if need_weights or mask is not None:
-                raise ValueError("a ragged cache batch (row_spans) attends each row over its "
-                                 "own keys: it takes no mask and returns no weights")
+                raise ValueError("a packed cache batch (row_spans) attends each request over "
+                                 "its own keys: it takes no mask and returns no weights")
+            slopes = self.alibi_slopes if alibi_positions is not None else None
             out, weights = _attend_each_row(q, k, v, spans, self.attention, dropout_p,
-                                            is_causal, bias), None  # (B, H, T, D)
+                                            is_causal, alibi_positions, slopes), None
         else:
             if mask is not None:
                 _check_mask(mask, (b, self.n_heads, t, k.shape[-2]))

@@ -30,9 +30,10 @@ class KVCache:
     """
 
     # A contiguous cache's rows share one length (padding, if any, is masked): attention
-    # runs once over the batch. A paged batch of requests of different lengths sets
-    # (first key column, keys, queries) per row instead: see ``serve.paged``.
-    row_spans: list[tuple[int, int, int]] | None = None
+    # runs once over the batch. A paged batch packs its requests one after another along
+    # the sequence and sets (query start, queries, key start, keys) per request instead:
+    # see ``serve.paged``.
+    row_spans: list[tuple[int, int, int, int]] | None = None
 
     def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:

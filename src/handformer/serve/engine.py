@@ -1,9 +1,9 @@
 """The engine: runs the model on the scheduler's plan, one step at a time, and samples.
 
-``Engine.step()`` asks the ``Scheduler`` for a plan, runs the prefill chunks in as few
-forward calls as padding allows (``prefill_groups``) and all decoding requests as one
-batched call — each reading and writing its own blocks
-through a ``PagedBatchCache``, the model's own ``forward`` — then samples every request whose
+``Engine.step()`` asks the ``Scheduler`` for a plan and runs its prefill chunks and its
+decoding requests in one forward call — packed one after another into one row, each
+reading and writing its own blocks through a ``PagedBatchCache``, the model's own
+``forward``, so a step reads the weights once — then samples every request whose
 context is complete with ``generate.sample_next`` and *its own* ``torch.Generator``, so a
 seeded request draws the same numbers whatever else is in the batch. New text goes to each
 request's ``on_output`` callback; a request that ends (end-of-text token, stop string,
@@ -13,7 +13,8 @@ request's ``on_output`` callback; a request that ends (end-of-text token, stop s
 cancels (both thread-safe) and never waits on a forward pass. The engine knows nothing of
 HTTP.
 
-Shape legend: ``B`` rows in a forward call, ``T`` new tokens per row, ``V`` vocabulary.
+Shape legend: ``B`` requests in a forward call, ``T`` new tokens of all of them, ``V``
+vocabulary.
 """
 
 from __future__ import annotations
@@ -42,34 +43,9 @@ from handformer.serve.paged import KVPool, PagedBatchCache
 from handformer.serve.request import Request, RequestOutput
 from handformer.serve.scheduler import Scheduler
 
-__all__ = ["PREFILL_PADDING", "Engine", "EngineThread", "QueueFullError",
-           "RequestTooLargeError", "prefill_groups"]
+__all__ = ["Engine", "EngineThread", "QueueFullError", "RequestTooLargeError"]
 
 log = logging.getLogger("handformer.serve")
-
-# Prefill chunks share a forward call while the padding to the longest costs at most this
-# share of their real tokens: one call reads the weights once for all of them, but each
-# padded row is computed like a real one.
-PREFILL_PADDING = 0.25
-
-
-def prefill_groups(prefills: list[tuple[Request, int]]) -> list[list[tuple[Request, int]]]:
-    """The step's prefill chunks (request, tokens) in groups for one forward call each:
-    longest first, a chunk joining the current group while the group's padded size
-    (rows × its longest chunk) stays within ``1 + PREFILL_PADDING`` times its real tokens."""
-    groups: list[list[tuple[Request, int]]] = []
-    real = 0
-    for chunk in sorted(prefills, key=lambda c: -c[1]):
-        group = groups[-1] if groups else None
-        if group is not None and (len(group) + 1) * group[0][1] <= (
-                1 + PREFILL_PADDING) * (real + chunk[1]):
-            group.append(chunk)
-            real += chunk[1]
-        else:
-            groups.append([chunk])
-            real = chunk[1]
-    return groups
-
 
 class QueueFullError(RuntimeError):
     """The waiting queue holds ``max_waiting`` requests already (HTTP 429)."""
@@ -217,7 +193,8 @@ class Engine:
         return self.scheduler.has_work() or not self._inbox.empty()
 
     def step(self) -> None:
-        """One scheduling round: every prefill chunk, then one batched decoding call."""
+        """One scheduling round: every prefill chunk and every decoding request in one
+        forward call."""
         self._drain_inbox()
         plan = self.scheduler.schedule()
         for request in self.scheduler.running:
@@ -225,30 +202,24 @@ class Engine:
                 self._admitted.add(request.id)
                 with self._lock:
                     self._queued -= 1
-        for group in prefill_groups(plan.prefills):
-            self._forward([request for request, _ in group], [n for _, n in group])
-        if plan.decodes:
-            self._forward(plan.decodes, [1] * len(plan.decodes))
+        work = [*plan.prefills, *((request, 1) for request in plan.decodes)]
+        if work:
+            self._forward([request for request, _ in work], [n for _, n in work])
 
     def _forward(self, requests: list[Request], counts: list[int]) -> None:
-        """Feed ``counts[i]`` uncached context tokens of request i (rows with fewer than the
-        longest are right-padded with their own last token, never attended to); sample for
-        those whose context is then complete."""
-        t = max(counts)
-        rows = []
+        """Feed ``counts[i]`` uncached context tokens of request i, all requests packed into
+        one row; sample for those whose context is then complete."""
+        ids: list[int] = []
         for r, n in zip(requests, counts, strict=True):
             start = r.window_start + r.cached
-            row = r.tokens[start : start + n]
-            rows.append(row + row[-1:] * (t - n))
-        ids = torch.tensor(rows, dtype=torch.long, device=self.device)  # (B, T)
+            ids += r.tokens[start : start + n]
         cache = PagedBatchCache(self.pool, [r.table for r in requests],
                                 [r.cached for r in requests], counts)
-        logits = self.model(ids, cache=cache, validate=False)  # (B, T, V)
-        if t == 1 or all(n == t for n in counts):
-            logits = logits[:, -1]  # (B, V)
-        else:  # each row's last real token
-            last = torch.tensor(counts, device=self.device) - 1  # (B,)
-            logits = logits[torch.arange(len(requests), device=self.device), last]  # (B, V)
+        packed = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, T)
+        logits = self.model(packed, cache=cache, validate=False)[0]  # (T, V)
+        if len(counts) < len(ids):  # each request's last new token
+            last = torch.tensor(counts, device=self.device).cumsum(0) - 1  # (B,)
+            logits = logits.index_select(0, last)  # (B, V)
         ready = []
         for i, request in enumerate(requests):
             request.cached += counts[i]
