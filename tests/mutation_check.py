@@ -419,12 +419,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "Llama 3's RoPE scaling interpolates the fast frequencies and keeps the slow ones",
     ),
     Mutant(
-        "ragged_rows_read_the_padding", "serve/paged.py",
-        "                          ] if padded else None",
-        "                          ] if False else None",
+        "packed_requests_read_each_other", "serve/paged.py",
+        "        self.row_spans = spans if b > 1 else None",
+        "        self.row_spans = spans if False else None",
         ("tests/serve/test_paged.py",),
-        "a paged batch of rows of different lengths attends over the whole padded width, "
-        "with no mask: each row reads the others' padding",
+        "a paged batch packed into one row attends over every request's keys at once, with "
+        "no mask: each request reads the others' keys and values",
     ),
 )
 
