@@ -156,6 +156,9 @@ def test_a_paged_cache_refuses_what_it_was_not_built_for() -> None:
     two = PagedBatchCache(pool, [[0], [1]], [0, 0], 1)
     with pytest.raises(ValueError, match="in one row"):  # the old (B, 1) layout
         model(torch.tensor([[5], [6]]), cache=two)
+    one = PagedBatchCache(pool, [[0]], [0], 1)
+    with pytest.raises(ValueError, match=r"one row of ids \(1, 1\); got 2 rows"):
+        model(torch.tensor([[5], [6]]), cache=one)
     with pytest.raises(ValueError, match="new tokens ≥ 1"):
         PagedBatchCache(pool, [[0], [1]], [0, 0], [1, 0])
     with pytest.raises(ValueError, match="a block table"):

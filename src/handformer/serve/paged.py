@@ -93,6 +93,9 @@ class _PagedLayer:
         if start != batch.past:
             raise ValueError(f"a paged cache writes its new tokens after its {batch.past} "
                              f"cached columns; got offset {start}")
+        if kv_new.shape[0] != 1:
+            raise ValueError("a paged cache takes its requests packed into one row of ids "
+                             f"(1, {batch.new_tokens}); got {kv_new.shape[0]} rows")
         # The new keys/values into their requests' blocks (token-major, as the pool is).
         rows = kv_new[0].permute(1, 0, 2).reshape(t, 2 * h * d)  # (T, 2·Hkv·D)
         self.pool_rows.index_copy_(0, batch.write_slots, rows)
