@@ -270,23 +270,22 @@ def _run_kernel(
 
 def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int, int, int, int]],
                      kind: str, dropout_p: float, is_causal: bool,
-                     positions: tuple[Tensor, Tensor] | None,
-                     slopes: Tensor | None) -> Tensor:
+                     alibi: tuple[Tensor, Tensor, Tensor] | None) -> Tensor:
     """Attention for requests packed one after another along the sequence axis: q (B, H, T,
     D), k and v (B, Hkv, S, D); ``spans[i] = (query start, queries, key start, keys)`` is
     segment i's queries and the keys they attend over, the spans tiling T in order. Each
     segment runs the kernel on its own slices, with the causal mask end-aligned within it
     — the shapes it has alone — so no other segment's key enters any of its reductions
     and it needs no mask: its attention does not depend on what else is in the batch (nor,
-    in bf16, does its rounding). ALiBi's bias (``slopes``, from the (query, key)
-    ``positions``) is built per segment, so memory stays linear in the batch. Returns
-    (B, H, T, D)."""
+    in bf16, does its rounding). ALiBi's bias (``alibi`` = slopes (H,), query positions
+    (B|1, T), key positions (B|1, S)) is built per segment, so memory stays linear in the
+    batch. Returns (B, H, T, D)."""
     pieces = []
     for q_start, n_queries, k_start, n_keys in spans:
         queries, keys = slice(q_start, q_start + n_queries), slice(k_start, k_start + n_keys)
         bias = None
-        if slopes is not None and positions is not None:
-            q_pos, k_pos = positions  # (B|1, T), (B|1, S)
+        if alibi is not None:
+            slopes, q_pos, k_pos = alibi
             bias = alibi_bias(slopes, q_pos[:, queries], k_pos[:, keys]).to(q.dtype)
         pieces.append(_run_kernel(q[:, :, queries], k[:, :, keys], v[:, :, keys], None, kind,
                                   dropout_p, is_causal, False, bias)[0])  # (B, H, t_i, D)
@@ -453,7 +452,7 @@ class MultiHeadAttention(nn.Module):
         # segment over its own keys.
         spans = cache.row_spans if cache is not None else None
         bias = None
-        alibi_positions = None
+        segment_alibi = None
         if self.positional != "none":
             if positions is None:
                 positions = torch.arange(t, device=x.device)  # (T,)
@@ -467,7 +466,7 @@ class MultiHeadAttention(nn.Module):
                 if spans is None:  # (B|1, H, T, S)
                     bias = alibi_bias(self.alibi_slopes, q_pos, k_pos).to(q.dtype)
                 else:  # built per segment
-                    alibi_positions = (q_pos, k_pos)
+                    segment_alibi = (self.alibi_slopes, q_pos, k_pos)
         if cache is not None:
             k, v = cache.update(kv, cache_start)  # (B, Hkv, S, D) each
         else:
@@ -477,9 +476,8 @@ class MultiHeadAttention(nn.Module):
             if need_weights or mask is not None:
                 raise ValueError("a packed cache batch (row_spans) attends each request over "
                                  "its own keys: it takes no mask and returns no weights")
-            slopes = self.alibi_slopes if alibi_positions is not None else None
             out, weights = _attend_each_row(q, k, v, spans, self.attention, dropout_p,
-                                            is_causal, alibi_positions, slopes), None
+                                            is_causal, segment_alibi), None
         else:
             if mask is not None:
                 _check_mask(mask, (b, self.n_heads, t, k.shape[-2]))

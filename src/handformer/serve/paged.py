@@ -138,10 +138,16 @@ class PagedBatchCache:
         widest = max(len(table) for table in tables)
         padded = torch.tensor([list(table) + [0] * (widest - len(table)) for table in tables],
                               dtype=torch.long)  # (B, blocks)
+        # Segment i: (query start, queries, key start, keys) — its new tokens among the
+        # call's, and its cached-then-new columns among the keys.
+        spans, q, k = [], 0, 0
+        for c, t in zip(cached, new, strict=True):
+            spans.append((q, t, k, c + t))
+            q, k = q + t, k + c + t
         n = torch.tensor(list(cached), dtype=torch.long)  # (B,)
-        width = n + torch.tensor(new, dtype=torch.long)  # (B,) each segment's key columns
+        width = torch.tensor([keys for *_, keys in spans], dtype=torch.long)  # (B,)
+        first = torch.tensor([start for _, _, start, _ in spans], dtype=torch.long)  # (B,)
         segment = torch.repeat_interleave(torch.arange(b), width)  # (S,) whose column it is
-        first = torch.cumsum(width, 0) - width  # (B,) each segment's first column
         position = torch.arange(self.capacity) - first[segment]  # (S,) context position
         # The pool slot of each column: block table[p // bs] of its request, offset p % bs.
         slots = padded[segment, position // bs] * bs + position % bs  # (S,)
@@ -152,10 +158,6 @@ class PagedBatchCache:
         self.query_positions = position[is_new][None].to(device)  # (1, T)
         # More than one request: each segment's attention runs over its own columns only
         # (``nn.attention._attend_each_row``), the shapes it has alone.
-        spans, q, k = [], 0, 0
-        for c, t in zip(cached, new, strict=True):
-            spans.append((q, t, k, c + t))
-            q, k = q + t, k + c + t
         self.row_spans = spans if b > 1 else None
         self.has_padding = False
         self.layers = [_PagedLayer(pool.kv[i], self) for i in range(pool.kv.shape[0])]
