@@ -43,10 +43,12 @@ def reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 9), st.integers(1, 11), st.integers(1, 140), st.booleans(), st.data())
+@given(st.one_of(st.just(1), st.integers(1, 9)), st.integers(1, 11), st.integers(1, 140),
+       st.booleans(), st.data())
 def test_every_path_equals_the_reference_bit_for_bit(m: int, n: int, k: int, with_bias: bool,
                                                      data: st.DataObject) -> None:
-    """Odd sizes on purpose: partial blocks of 4 rows and 4 weight rows, K tails past the
+    """Odd sizes on purpose: one row (the sequential row-by-row order) as often as the rest,
+    partial tiles of 4 rows and 4 weight rows, K tails past the last pair of vectors and the
     last full vector (32 on AVX-512, 16 on AVX2)."""
     torch.manual_seed(data.draw(st.integers(0, 2**16)))
     x = torch.randn(m, k) * data.draw(st.sampled_from([1e-30, 1.0, 1e30]))
@@ -58,19 +60,23 @@ def test_every_path_equals_the_reference_bit_for_bit(m: int, n: int, k: int, wit
         assert torch.equal(native_linear(x, q, scale, bias, isa=isa), want), isa
 
 
+@pytest.mark.parametrize("rows", [1, 2])
 @pytest.mark.parametrize("k", [4096, 4097, 20000])
-def test_the_integer_sum_is_exact_where_int32_would_overflow(k: int) -> None:
+def test_the_integer_sum_is_exact_where_int32_would_overflow(k: int, rows: int) -> None:
     """The largest products everywhere: 20000 · 32767 · 127 ≈ 8.3e10 overflows int32 40
-    times over; chunks of 4096 summed in int64 keep it exact on every path."""
-    x = torch.ones(2, k)
-    x[1] = -1.0
-    q = torch.full((5, k), 127, dtype=torch.int8)
-    scale = torch.ones(5)
-    exact = float(k * XQ_MAX * 127) * (1.0 / XQ_MAX)  # sx = 1 / 32767
-    for isa in paths():
-        y = native_linear(x, q, scale, isa=isa)
-        assert torch.equal(y, reference(x, q, scale, None)), isa
-        assert y[0, 0].item() == pytest.approx(exact, rel=1e-6) and y[1, 0] == -y[0, 0]
+    times over; chunks of 4096 summed in int64 keep it exact on every path, in the one-row
+    order (two int32 sums a row, added before they widen) and in tiles. Weight -128 too."""
+    for sign in (1.0, -1.0):
+        x = torch.full((rows, k), sign)
+        q = torch.full((5, k), 127, dtype=torch.int8)
+        q[4] = -128
+        scale = torch.ones(5)
+        exact = sign * float(k * XQ_MAX * 127) * (1.0 / XQ_MAX)  # sx = 1 / 32767
+        for isa in paths():
+            y = native_linear(x, q, scale, isa=isa)
+            assert torch.equal(y, reference(x, q, scale, None)), isa
+            assert y[0, 0].item() == pytest.approx(exact, rel=1e-6), isa
+            assert y[-1, 4].item() == pytest.approx(-exact * 128 / 127, rel=1e-6), isa
 
 
 def test_within_the_grid_bound_of_the_float64_product() -> None:

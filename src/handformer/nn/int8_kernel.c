@@ -16,9 +16,7 @@
  *
  * Non-finite input: a row holding NaN or ±inf has no grid; its outputs are NaN.
  * Layout: x (M, K) float32, q (N, K) int8, scale (N,) float32, bias (N,) float32 or NULL,
- * y (M, N) float32, all contiguous. Output rows go 4 weight rows at a time (each converted
- * weight vector feeds 4 input rows; a last block of fewer rows repeats row n in the unused
- * slots and drops their sums), prefetching the weight rows 8 ahead.
+ * y (M, N) float32, all contiguous. The order of the work is the driver's (see DRIVER).
  */
 #include <immintrin.h>
 #include <float.h>
@@ -167,11 +165,18 @@ static float quantize_row(const float *x, int64_t k_len, int16_t *xq, scan_fn sc
     return sx;
 }
 
-/* block_*: the dot products of input rows [m0, m0 + mb) with weight rows [n, n + nb),
- * nb ≤ 4, mb ≤ 4, over inputs [k0, k1): out[i][j] += Σ_k xq[m0+i][k] · q[n+j][k], exact. */
+/* block_*: the dot products of input rows [m0, m0 + MB) with weight rows [n, n + NB) over
+ * inputs [k0, k1): out[i][j] += Σ_k xq[m0+i][k] · q[n+j][k], exact. MB, NB ≤ 4 are constants
+ * at every call (the bodies inline), so the sums live in registers. Each weight vector is
+ * widened once and feeds the MB input rows; each input vector feeds the NB weight rows. With
+ * fewer than 4 sums, each is split in two (even and odd vectors) so that its adds do not wait
+ * on each other. A lane adds at most 2 · CHUNK / (lanes per vector) products, 512 on AVX2,
+ * within int32's 516, so even + odd is still exact in int32. NB > 1 reads rows side by side
+ * and prefetches them PREFETCH_ROWS ahead, which a sequential stream does not need. */
 
-static inline __attribute__((always_inline)) void block_scalar(const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb,
-                         int64_t m0, int mb, int64_t k0, int64_t k1, int64_t out[4][4]) {
+static inline __attribute__((always_inline)) void block_scalar(
+    const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb, int64_t m0, int mb,
+    int64_t k0, int64_t k1, int64_t out[4][4]) {
     for (int i = 0; i < mb; i++) {
         for (int j = 0; j < nb; j++) {
             const int16_t *xr = xq + (m0 + i) * k_len;
@@ -192,34 +197,6 @@ static int64_t sum8_epi32(__m256i v) {
     return _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1);
 }
 
-__attribute__((target("avx2"))) static inline __attribute__((always_inline))
-void block_avx2(const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb,
-                       int64_t m0, int mb, int64_t k0, int64_t k1, int64_t out[4][4]) {
-    __m256i acc[4][4];
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) acc[i][j] = _mm256_setzero_si256();
-    const int8_t *qr[4];
-    for (int j = 0; j < 4; j++) qr[j] = q + (n + (j < nb ? j : 0)) * k_len;
-    int64_t k = k0;
-    for (; k + 16 <= k1; k += 16) {
-        if ((k & 63) == 0) {
-            for (int j = 0; j < nb; j++)
-                _mm_prefetch((const char *)(qr[j] + PREFETCH_ROWS * k_len + k), _MM_HINT_T0);
-        }
-        __m256i w[4];
-        for (int j = 0; j < 4; j++)
-            w[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(qr[j] + k)));
-        for (int i = 0; i < mb; i++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + (m0 + i) * k_len + k));
-            for (int j = 0; j < 4; j++)
-                acc[i][j] = _mm256_add_epi32(acc[i][j], _mm256_madd_epi16(xv, w[j]));
-        }
-    }
-    for (int i = 0; i < mb; i++)
-        for (int j = 0; j < nb; j++) out[i][j] += sum8_epi32(acc[i][j]);
-    if (k < k1) block_scalar(xq, q, k_len, n, nb, m0, mb, k, k1, out);
-}
-
 __attribute__((target("avx512f,avx512bw")))
 static int64_t sum16_epi32(__m512i v) {
     __m512i lo = _mm512_cvtepi32_epi64(_mm512_castsi512_si256(v));
@@ -227,63 +204,120 @@ static int64_t sum16_epi32(__m512i v) {
     return _mm512_reduce_add_epi64(_mm512_add_epi64(lo, hi));
 }
 
-/* One AVX-512 body, two multiply-adds: VNNI's fused one and the two-instruction one. */
-#define BLOCK_AVX512(NAME, TARGET, MADD)                                                      \
-    __attribute__((target(TARGET))) static inline __attribute__((always_inline))              \
-    void NAME(const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb,   \
-                     int64_t m0, int mb, int64_t k0, int64_t k1, int64_t out[4][4]) {         \
-        __m512i acc[4][4];                                                                    \
-        for (int i = 0; i < 4; i++)                                                           \
-            for (int j = 0; j < 4; j++) acc[i][j] = _mm512_setzero_si512();                   \
+/* One body for every vector path: VEC the register type, W inputs per vector, WIDEN loads W
+ * int8 weights as int16, LOADX W int16 inputs, MADD multiplies pairs and adds them to a sum,
+ * ADD and SUM fold the sums. */
+#define BLOCK_BODY(VEC, W, ZERO, WIDEN, LOADX, MADD, ADD, SUM)                                \
+    {                                                                                         \
+        const int U = MB * NB < 4 ? 2 : 1;                                                    \
+        VEC acc[4][4][2];                                                                     \
+        for (int i = 0; i < MB; i++)                                                          \
+            for (int j = 0; j < NB; j++) acc[i][j][0] = acc[i][j][1] = ZERO;                  \
         const int8_t *qr[4];                                                                  \
-        for (int j = 0; j < 4; j++) qr[j] = q + (n + (j < nb ? j : 0)) * k_len;              \
+        for (int j = 0; j < NB; j++) qr[j] = q + (n + j) * k_len;                            \
         int64_t k = k0;                                                                       \
-        for (; k + 32 <= k1; k += 32) {                                                       \
-            if ((k & 63) == 0) {                                                              \
-                for (int j = 0; j < nb; j++)                                                  \
+        for (; k + U * W <= k1; k += U * W) {                                                 \
+            if (NB > 1 && (k & 63) < U * W) {                                                 \
+                for (int j = 0; j < NB; j++)                                                  \
                     _mm_prefetch((const char *)(qr[j] + PREFETCH_ROWS * k_len + k),          \
                                  _MM_HINT_T0);                                                \
             }                                                                                 \
-            __m512i w[4];                                                                     \
-            for (int j = 0; j < 4; j++)                                                       \
-                w[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(qr[j] + k))); \
-            for (int i = 0; i < mb; i++) {                                                    \
-                __m512i xv = _mm512_loadu_si512((const void *)(xq + (m0 + i) * k_len + k));  \
-                for (int j = 0; j < 4; j++) acc[i][j] = MADD(acc[i][j], xv, w[j]);          \
+            VEC w[2][4];                                                                      \
+            for (int u = 0; u < U; u++)                                                       \
+                for (int j = 0; j < NB; j++) w[u][j] = WIDEN(qr[j] + k + u * W);              \
+            for (int u = 0; u < U; u++)                                                       \
+                for (int i = 0; i < MB; i++) {                                                \
+                    VEC xv = LOADX(xq + (m0 + i) * k_len + k + u * W);                        \
+                    for (int j = 0; j < NB; j++) acc[i][j][u] = MADD(acc[i][j][u], xv, w[u][j]); \
+                }                                                                             \
+        }                                                                                     \
+        for (; U == 2 && k + W <= k1; k += W) {                                               \
+            for (int i = 0; i < MB; i++) {                                                    \
+                VEC xv = LOADX(xq + (m0 + i) * k_len + k);                                    \
+                for (int j = 0; j < NB; j++)                                                  \
+                    acc[i][j][0] = MADD(acc[i][j][0], xv, WIDEN(qr[j] + k));                  \
             }                                                                                 \
         }                                                                                     \
-        for (int i = 0; i < mb; i++)                                                          \
-            for (int j = 0; j < nb; j++) out[i][j] += sum16_epi32(acc[i][j]);                \
-        if (k < k1) block_scalar(xq, q, k_len, n, nb, m0, mb, k, k1, out);                   \
+        for (int i = 0; i < MB; i++)                                                          \
+            for (int j = 0; j < NB; j++)                                                      \
+                out[i][j] += SUM(U == 2 ? ADD(acc[i][j][0], acc[i][j][1]) : acc[i][j][0]);   \
+        if (k < k1) block_scalar(xq, q, k_len, n, NB, m0, MB, k, k1, out);                    \
     }
 
+#define BLOCK_ARGS                                                                            \
+    (const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, const int NB, int64_t m0, \
+     const int MB, int64_t k0, int64_t k1, int64_t out[4][4])
+
+#define WIDEN_256(p) _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p)))
+#define LOADX_256(p) _mm256_loadu_si256((const __m256i *)(p))
+#define MADD_AVX2(acc, x, w) _mm256_add_epi32((acc), _mm256_madd_epi16((x), (w)))
+#define WIDEN_512(p) _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOADX_512(p) _mm512_loadu_si512((const void *)(p))
 #define MADD_VNNI(acc, x, w) _mm512_dpwssd_epi32((acc), (x), (w))
 #define MADD_BW(acc, x, w) _mm512_add_epi32((acc), _mm512_madd_epi16((x), (w)))
-BLOCK_AVX512(block_avx512_vnni, "avx512f,avx512bw,avx512vnni", MADD_VNNI)
-BLOCK_AVX512(block_avx512, "avx512f,avx512bw", MADD_BW)
 
-/* The products of every 4-row block of x's grid with every 4-row block of q, summed in
- * CHUNKs, and the epilogue; one copy per path so that each block body inlines into it. */
+__attribute__((target("avx2"))) static inline __attribute__((always_inline))
+void block_avx2 BLOCK_ARGS
+BLOCK_BODY(__m256i, 16, _mm256_setzero_si256(), WIDEN_256, LOADX_256, MADD_AVX2,
+           _mm256_add_epi32, sum8_epi32)
+
+__attribute__((target("avx512f,avx512bw"))) static inline __attribute__((always_inline))
+void block_avx512 BLOCK_ARGS
+BLOCK_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_BW,
+           _mm512_add_epi32, sum16_epi32)
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static inline __attribute__((always_inline))
+void block_avx512_vnni BLOCK_ARGS
+BLOCK_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_VNNI,
+           _mm512_add_epi32, sum16_epi32)
+
+/* MB input rows (a constant) × NB weight rows from m0, n, summed over every CHUNK, and the
+ * epilogue. */
+#define TILE(BLOCK, NB, MB)                                                                   \
+    do {                                                                                      \
+        int64_t dot[4][4] = {{0}};                                                            \
+        for (int64_t k0 = 0; k0 < k_len; k0 += CHUNK) {                                       \
+            int64_t k1 = k_len - k0 < CHUNK ? k_len : k0 + CHUNK;                             \
+            BLOCK(xq, q, k_len, n, NB, m0, MB, k0, k1, dot);                                  \
+        }                                                                                     \
+        for (int i = 0; i < (MB); i++) {                                                      \
+            for (int j = 0; j < (NB); j++) {                                                  \
+                double v = (double)dot[i][j] * (double)sx[m0 + i] * (double)scale[n + j];     \
+                float out = (float)v;                                                         \
+                y[(m0 + i) * n_len + n + j] = bias != NULL ? out + bias[n + j] : out;         \
+            }                                                                                 \
+        }                                                                                     \
+    } while (0)
+
+/* One input row (decoding) goes weight row after weight row, start to end, so that memory
+ * sees one sequential stream — the pattern every hardware prefetcher follows. More rows go
+ * in tiles of 4 weight rows × up to 4 input rows, where each loaded vector serves 4 products
+ * and the work, not the stream, sets the pace; a last partial tile of weight rows goes one
+ * row at a time. One copy per path so that each block body inlines into it. */
 #define DRIVER(NAME, TARGET, BLOCK)                                                           \
     __attribute__((target(TARGET))) static void NAME(                                         \
         const int16_t *xq, const float *sx, const int8_t *q, const float *scale,              \
         const float *bias, int64_t m_len, int64_t n_len, int64_t k_len, float *y) {           \
-        for (int64_t n = 0; n < n_len; n += 4) {                                              \
-            int nb = n_len - n < 4 ? (int)(n_len - n) : 4;                                    \
-            for (int64_t m0 = 0; m0 < m_len; m0 += 4) {                                       \
-                int mb = m_len - m0 < 4 ? (int)(m_len - m0) : 4;                              \
-                int64_t dot[4][4] = {{0}};                                                    \
-                for (int64_t k0 = 0; k0 < k_len; k0 += CHUNK) {                               \
-                    int64_t k1 = k_len - k0 < CHUNK ? k_len : k0 + CHUNK;                     \
-                    BLOCK(xq, q, k_len, n, nb, m0, mb, k0, k1, dot);                          \
-                }                                                                             \
-                for (int i = 0; i < mb; i++) {                                                \
-                    for (int j = 0; j < nb; j++) {                                            \
-                        double v = (double)dot[i][j] * (double)sx[m0 + i]                     \
-                                   * (double)scale[n + j];                                    \
-                        float out = (float)v;                                                 \
-                        y[(m0 + i) * n_len + n + j] = bias != NULL ? out + bias[n + j] : out; \
+        int64_t n = 0;                                                                        \
+        if (m_len > 1) {                                                                      \
+            for (; n + 4 <= n_len; n += 4) {                                                  \
+                for (int64_t m0 = 0; m0 < m_len; m0 += 4) {                                   \
+                    switch (m_len - m0) {                                                     \
+                    case 1: TILE(BLOCK, 4, 1); break;                                         \
+                    case 2: TILE(BLOCK, 4, 2); break;                                         \
+                    case 3: TILE(BLOCK, 4, 3); break;                                         \
+                    default: TILE(BLOCK, 4, 4); break;                                        \
                     }                                                                         \
+                }                                                                             \
+            }                                                                                 \
+        }                                                                                     \
+        for (; n < n_len; n++) {                                                              \
+            for (int64_t m0 = 0; m0 < m_len; m0 += 4) {                                       \
+                switch (m_len - m0) {                                                         \
+                case 1: TILE(BLOCK, 1, 1); break;                                             \
+                case 2: TILE(BLOCK, 1, 2); break;                                             \
+                case 3: TILE(BLOCK, 1, 3); break;                                             \
+                default: TILE(BLOCK, 1, 4); break;                                            \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
