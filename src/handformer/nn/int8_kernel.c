@@ -170,8 +170,8 @@ static float quantize_row(const float *x, int64_t k_len, int16_t *xq, scan_fn sc
  * at every call (the bodies inline), so the sums live in registers. Each weight vector is
  * widened once and feeds the MB input rows; each input vector feeds the NB weight rows. With
  * fewer than 4 sums, each is split in two (even and odd vectors) so that its adds do not wait
- * on each other. A lane adds at most 2 · CHUNK / (lanes per vector) products, 512 on AVX2,
- * within int32's 516, so even + odd is still exact in int32. NB > 1 reads rows side by side
+ * on each other. Over one CHUNK a lane adds CHUNK / (lanes per vector) products at most
+ * (two per instruction), 512 on AVX2, within int32's 516, so even + odd is still exact. NB > 1 reads rows side by side
  * and prefetches them PREFETCH_ROWS ahead, which a sequential stream does not need. */
 
 static inline __attribute__((always_inline)) void block_scalar(
