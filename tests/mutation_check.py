@@ -185,6 +185,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "the C int8 loop forgets the layer's bias",
     ),
     Mutant(
+        "int8_native_odd_sums_dropped", "nn/int8_kernel.c",
+        "SUM(U == 2 ? ADD(acc[i][j][0], acc[i][j][1]) : acc[i][j][0])",
+        "SUM(acc[i][j][0])",
+        ("tests/nn/test_int8_native.py",),
+        "the C int8 loop's one-row order drops its second (odd-vector) sums",
+    ),
+    Mutant(
         "int8_streams_interleaved", "nn/quantized.py",
         "out = torch.stack(columns, dim=1).view(x.shape[0], n)",
         "out = torch.stack(columns, dim=0).view(x.shape[0], n)",
