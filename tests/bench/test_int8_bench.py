@@ -3,9 +3,10 @@ and the quality measures (validation loss, greedy agreement)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from handformer.bench.generation_speed import step_bytes
+from handformer.bench.generation_speed import QUICK_CASES, step_bytes, token_products_row
 from handformer.bench.int8_quality import (
     greedy_agreement,
     next_token_agreement,
@@ -15,6 +16,7 @@ from handformer.bench.int8_quality import (
 from handformer.loss import lm_loss
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
+from handformer.nn.int8_native import native_status
 from tests.conftest import tiny_config
 
 
@@ -59,3 +61,15 @@ def test_top_two_gap_is_the_lead_of_the_best_token_in_log_probability() -> None:
     best, second = logp.topk(2).values.tolist()
     assert abs(top_two_gap(model, seq, 7, 4) - (best - second)) < 1e-6
     assert top_two_gap(model, seq, 7, 4) >= 0
+
+
+@pytest.mark.skipif(native_status() is not None, reason="the C int8 loop cannot build here")
+def test_token_products_count_a_tokens_layer_weights_and_their_rate() -> None:
+    """Per layer q·k·v (3C × C), the output projection (C × C) and the FFN (4C × C, C × 4C):
+    12 C² int8 bytes; the rate is those bytes over the median time."""
+    case = QUICK_CASES["2L-64d"]
+    row = token_products_row("2L-64d", case, repeats=1, bandwidth=1e10)
+    assert row is not None and row["products"] == 4 * case.n_layers
+    assert row["weight_mb"] == pytest.approx(case.n_layers * 12 * case.d_model ** 2 / 1e6)
+    assert row["gb_per_s"] == pytest.approx(row["weight_mb"] / row["median_ms"])
+    assert row["fraction_of_bandwidth"] == pytest.approx(row["gb_per_s"] * 1e9 / 1e10)

@@ -9,7 +9,7 @@ divided by the memory bandwidth measured in the same run (streaming a large tens
 ``measure_bandwidth``). int8 weights cut the weight bytes by 4; that is the whole point of
 them. (A model whose weights fit in the CPU's last-level cache can beat a DRAM floor.)
 
-Three parts, all in one process, contenders alternated (median of ``--repeats`` after a
+Four parts, all in one process, contenders alternated (median of ``--repeats`` after a
 warm-up) so machine noise hits them alike, once per thread count in ``--threads``:
 
 * ``kernels``: one (N, K) weight times one vector in each kernel — fp32, bf16,
@@ -17,6 +17,8 @@ warm-up) so machine noise hits them alike, once per thread count in ``--threads`
   kernels of ``handformer.nn.quantized`` and, if installed, torchao's int8 weight-only
   linear — with each one's error against a float64 product. This is the measurement the
   int8 kernels were chosen by.
+* ``token_products``: the C loop alone on a 12L-768d token's 48 layer products (85 MB of
+  int8, from memory), as a share of the measured bandwidth — the product's own floor.
 * ``rows``: whole generations, 512 new tokens after a 16-token prompt, at 4L-128d, 6L-384d
   and 12L-768d (GPT-2 small's shape). Contenders come from ``CONTENDER_FACTORIES``: more can
   be registered there (``register_contenders``) and are timed and floored alike.
@@ -47,7 +49,7 @@ from handformer.generate import generate
 from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
-from handformer.nn.int8_native import native_isa, native_status
+from handformer.nn.int8_native import NativeProduct, native_isa, native_status
 from handformer.nn.quantized import Int8Linear, compile_seconds, quantize_weight
 
 __all__ = ["CASES", "CONTENDER_FACTORIES", "Case", "Contender", "Setup", "main",
@@ -334,6 +336,35 @@ def kernel_rows(shape: tuple[int, int], repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
+def token_products_row(name: str, case: Case, repeats: int,
+                       bandwidth: float) -> dict[str, Any] | None:
+    """The C loop on one decoding token's layer products at ``case``'s shapes (per layer: the
+    fused q·k·v projection, the output projection, the FFN's two), one row each, back to
+    back: as many weights as a token reads, more than the caches hold, so each arrives from
+    memory — the loop's own rate, apart from attention and the layers' small ops. None where
+    the C loop cannot build."""
+    if native_status() is not None:
+        return None
+    torch.manual_seed(0)
+    c = case.d_model
+    shapes = [(3 * c, c), (c, c), (4 * c, c), (c, 4 * c)] * case.n_layers  # (N, K) each
+    products = [NativeProduct(torch.randint(-127, 128, (n, k), dtype=torch.int8),
+                              torch.rand(n) * 1e-2, torch.zeros(n)) for n, k in shapes]
+    inputs = {k: torch.randn(1, k) for _, k in shapes}  # (1, K) per input width
+
+    def token() -> None:
+        for product in products:
+            product(inputs[product.k])
+
+    times, _ = time_alternating({"token": token}, max(repeats, 5) * 4)
+    median = statistics.median(times["token"])
+    weight_bytes = sum(n * k for n, k in shapes)
+    return {"case": name, "isa": native_isa(), "products": len(shapes),
+            "threads": torch.get_num_threads(), "weight_mb": weight_bytes / 1e6,
+            "median_ms": 1000 * median, "gb_per_s": weight_bytes / median / 1e9,
+            "fraction_of_bandwidth": weight_bytes / median / bandwidth}
+
+
 # -- report -----------------------------------------------------------------------------------
 def print_report(result: dict[str, Any]) -> None:
     threads = result["machine"]["threads"]  # every count the run took, one pass each
@@ -344,6 +375,11 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"  kernel {kr['kernel']:<36} {kr['threads']}T {kr['shape']} "
               f"{kr['median_ms']:8.3f} ms  rel. err {kr['max_rel_error']:.1e}"
               + (f"  (compiled in {kr['compile_s']:.1f} s)" if "compile_s" in kr else ""))
+    for tr in result.get("token_products", []):
+        print(f"  C loop ({tr['isa']}), one {tr['case']} token's {tr['products']} layer products, "
+              f"one row, {tr['threads']}T: {tr['median_ms']:.2f} ms for {tr['weight_mb']:.1f} MB "
+              f"of int8 = {tr['gb_per_s']:.1f} GB/s, {100 * tr['fraction_of_bandwidth']:.0f} % "
+              "of the sum's bandwidth")
     header = (f"{'case':<9} {'thr':>3} {'contender':<36} {'tok/s':>8} {'ms/tok':>8} "
               f"{'MB/tok':>7} {'floor ms':>8} {'% floor':>7} {'vs HF':>6} {'agree':>6}")
     print(header)
@@ -388,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"machine": {**describe_machine(), "threads": threads},
                               "repeats": repeats, "prompt": PROMPT, "bandwidth": [],
-                              "kernels": [], "rows": []}
+                              "kernels": [], "token_products": [], "rows": []}
     try:
         for t in threads:
             torch.set_num_threads(t)
@@ -399,6 +435,11 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_kernels:
                 result["kernels"] += kernel_rows(QUICK_KERNEL_SHAPE if args.quick
                                                  else KERNEL_SHAPE, repeats)
+                token_case = "2L-64d" if args.quick else "12L-768d"
+                token = token_products_row(token_case, {**CASES, **QUICK_CASES}[token_case],
+                                           repeats, bandwidth)
+                if token is not None:
+                    result["token_products"].append(token)
             for name, case in cases.items():
                 print(f"[{t} thread(s)] {name} …", flush=True)
                 result["rows"] += run_case(name, case, repeats, bandwidth)
