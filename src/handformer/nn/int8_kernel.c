@@ -289,6 +289,16 @@ BLOCK_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_VNNI,
         }                                                                                     \
     } while (0)
 
+/* The tile of NB weight rows for the input rows from m0, with MB (a constant) picked by
+ * the rows left, so that the sums stay in registers. */
+#define TILE_ROWS(BLOCK, NB)                                                                  \
+    switch (m_len - m0) {                                                                     \
+    case 1: TILE(BLOCK, NB, 1); break;                                                        \
+    case 2: TILE(BLOCK, NB, 2); break;                                                        \
+    case 3: TILE(BLOCK, NB, 3); break;                                                        \
+    default: TILE(BLOCK, NB, 4); break;                                                       \
+    }
+
 /* One input row (decoding) goes weight row after weight row, start to end, so that memory
  * sees one sequential stream — the pattern every hardware prefetcher follows. More rows go
  * in tiles of 4 weight rows × up to 4 input rows, where each loaded vector serves 4 products
@@ -302,23 +312,13 @@ BLOCK_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_VNNI,
         if (m_len > 1) {                                                                      \
             for (; n + 4 <= n_len; n += 4) {                                                  \
                 for (int64_t m0 = 0; m0 < m_len; m0 += 4) {                                   \
-                    switch (m_len - m0) {                                                     \
-                    case 1: TILE(BLOCK, 4, 1); break;                                         \
-                    case 2: TILE(BLOCK, 4, 2); break;                                         \
-                    case 3: TILE(BLOCK, 4, 3); break;                                         \
-                    default: TILE(BLOCK, 4, 4); break;                                        \
-                    }                                                                         \
+                    TILE_ROWS(BLOCK, 4);                                                      \
                 }                                                                             \
             }                                                                                 \
         }                                                                                     \
         for (; n < n_len; n++) {                                                              \
             for (int64_t m0 = 0; m0 < m_len; m0 += 4) {                                       \
-                switch (m_len - m0) {                                                         \
-                case 1: TILE(BLOCK, 1, 1); break;                                             \
-                case 2: TILE(BLOCK, 1, 2); break;                                             \
-                case 3: TILE(BLOCK, 1, 3); break;                                             \
-                default: TILE(BLOCK, 1, 4); break;                                            \
-                }                                                                             \
+                TILE_ROWS(BLOCK, 1);                                                          \
             }                                                                                 \
         }                                                                                     \
     }
