@@ -435,9 +435,9 @@ def main(argv: list[str] | None = None) -> int:
             if not args.no_kernels:
                 result["kernels"] += kernel_rows(QUICK_KERNEL_SHAPE if args.quick
                                                  else KERNEL_SHAPE, repeats)
-                token_case = "2L-64d" if args.quick else "12L-768d"
-                token = token_products_row(token_case, {**CASES, **QUICK_CASES}[token_case],
-                                           repeats, bandwidth)
+                token = (token_products_row("2L-64d", QUICK_CASES["2L-64d"], repeats, bandwidth)
+                         if args.quick else
+                         token_products_row("12L-768d", CASES["12L-768d"], repeats, bandwidth))
                 if token is not None:
                     result["token_products"].append(token)
             for name, case in cases.items():

@@ -171,8 +171,9 @@ static float quantize_row(const float *x, int64_t k_len, int16_t *xq, scan_fn sc
  * widened once and feeds the MB input rows; each input vector feeds the NB weight rows. With
  * fewer than 4 sums, each is split in two (even and odd vectors) so that its adds do not wait
  * on each other. Over one CHUNK a lane adds CHUNK / (lanes per vector) products at most
- * (two per instruction), 512 on AVX2, within int32's 516, so even + odd is still exact. NB > 1 reads rows side by side
- * and prefetches them PREFETCH_ROWS ahead, which a sequential stream does not need. */
+ * (two per instruction), 512 on AVX2, within int32's 516, so even + odd is still exact.
+ * NB > 1 reads rows side by side and prefetches them PREFETCH_ROWS ahead, which a
+ * sequential stream does not need. */
 
 static inline __attribute__((always_inline)) void block_scalar(
     const int16_t *xq, const int8_t *q, int64_t k_len, int64_t n, int nb, int64_t m0, int mb,
@@ -232,10 +233,11 @@ static int64_t sum16_epi32(__m512i v) {
                 }                                                                             \
         }                                                                                     \
         for (; U == 2 && k + W <= k1; k += W) {                                               \
+            VEC w[4];                                                                         \
+            for (int j = 0; j < NB; j++) w[j] = WIDEN(qr[j] + k);                             \
             for (int i = 0; i < MB; i++) {                                                    \
                 VEC xv = LOADX(xq + (m0 + i) * k_len + k);                                    \
-                for (int j = 0; j < NB; j++)                                                  \
-                    acc[i][j][0] = MADD(acc[i][j][0], xv, WIDEN(qr[j] + k));                  \
+                for (int j = 0; j < NB; j++) acc[i][j][0] = MADD(acc[i][j][0], xv, w[j]);    \
             }                                                                                 \
         }                                                                                     \
         for (int i = 0; i < MB; i++)                                                          \
