@@ -265,7 +265,8 @@ def _start_server(run_dir: Path, port: int, args: argparse.Namespace) -> subproc
            os.environ.get("PYTHONPATH", "")}
     command = [sys.executable, "-m", "handformer", "serve", "--run", str(run_dir), "--port",
                str(port), "--threads", str(args.threads), "--max-batch", str(args.clients),
-               "--block-size", str(args.block_size), "--dtype", args.dtype]
+               "--block-size", str(args.block_size), "--dtype", args.dtype,
+               "--matmul", args.matmul]
     if args.kv_blocks is not None:
         command += ["--kv-blocks", str(args.kv_blocks)]
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                         help="the server's weights and cache, and transformers' model")
+    parser.add_argument("--matmul", choices=["auto", "blas", "onednn"], default="auto",
+                        help="the server's float32 products (handformer serve --matmul)")
     parser.add_argument("--no-static", action="store_true",
                         help="skip the transformers static-batching comparison")
     parser.add_argument("--quick", action="store_true",
@@ -355,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             peak_rss = _peak_rss_mib(server.pid)
             server.send_signal(signal.SIGTERM)
             server.wait(120)
+            matmul = next((line.split(": ", 1)[1] for line in server.stderr.read().splitlines()  # type: ignore[union-attr]
+                           if "float32 matrix products:" in line), None)
         static = _static_summary(static_walls, jobs, args.clients)
         if isinstance(static, dict):
             rows.append(static)
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = {**describe_machine(), "threads": args.threads}  # the server's and the peer's
     print(f"{machine_line(machine)} · {args.dtype}")
+    if matmul:
+        print(f"server: {matmul}")
     _print_table(rows)
     speedup = rows[1]["tokens_per_s"] / rows[0]["tokens_per_s"]
     print(f"{args.clients} clients / 1 client: {speedup:.2f}x aggregate tokens/s; peak KV "
@@ -382,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
               "speedup_vs_one_client": speedup,
               "ttft_p99_load_over_idle": ttft_ratio, "server_peak_rss_mib": peak_rss,
               "kv_pool_blocks": crowd[0]["pool_blocks"],
+              "server_matmul": matmul,
               "static_batch_note": static if isinstance(static, str) else None}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -99,3 +99,33 @@ def test_binding_beyond_loopback_needs_an_api_key(tmp_path) -> None:
     result = _handformer("serve", "--run", str(tmp_path), "--host", "0.0.0.0")
     assert result.returncode == 2
     assert "--api-key" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_matmul_choice_packs_only_float32_cpu_weights(capsys) -> None:
+    import argparse
+
+    import torch
+
+    from handformer.cli.common import UsageError
+    from handformer.cli.serve import _pick_matmul
+    from handformer.models.packing import packed_layers
+    from handformer.nn.packed import onednn_packing_available
+
+    def args(matmul: str, dtype: str = "float32") -> argparse.Namespace:
+        return argparse.Namespace(matmul=matmul, dtype=dtype, device="cpu", max_batch=4)
+
+    model = tiny_lm()
+    _pick_matmul(model, args("blas"))
+    assert not packed_layers(model)
+    assert "float32 matrix products: blas (--matmul blas)" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="--matmul onednn is for float32 weights on the "
+                       "CPU; got --dtype bfloat16"):
+        _pick_matmul(tiny_lm().to(torch.bfloat16), args("onednn", "bfloat16"))
+    _pick_matmul(tiny_lm().to(torch.bfloat16), args("auto", "bfloat16"))  # nothing to say
+    assert capsys.readouterr().err == ""
+    if onednn_packing_available():
+        _pick_matmul(model, args("onednn"))
+        assert len(packed_layers(model)) == len(
+            [m for m in tiny_lm().modules() if type(m) is torch.nn.Linear])
+        _pick_matmul(tiny_lm(), args("auto"))
+        assert "— measured over" in capsys.readouterr().err

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from handformer.generate import generate_text
+from handformer.models.packing import pack_linears
 from handformer.models.quantize import quantize_int8, set_int8_kernel
+from handformer.nn.packed import onednn_packing_available
 from handformer.serve.engine import Engine, QueueFullError, RequestTooLargeError
 from handformer.serve.request import Request, SamplingParams
 from tests.serve.helpers import TOKENIZER, prompts, run_engine, tiny_lm
@@ -56,6 +58,17 @@ def test_int8_weights_serve_what_they_generate_alone() -> None:
     model = set_int8_kernel(quantize_int8(tiny_lm(), inplace=True), "dequantized")
     engine = Engine(model, TOKENIZER, num_blocks=30, block_size=4, max_batch=6)
     work = prompts(6, seed=2)
+    jobs = [(TOKENIZER.encode(p), SamplingParams(max_tokens=n, temperature=0.0))
+            for p, n in work]
+    assert run_engine(engine, jobs) == [_alone(model, p, n, temperature=0) for p, n in work]
+
+
+@pytest.mark.skipif(not onednn_packing_available(), reason="this torch build has no oneDNN")
+@pytest.mark.filterwarnings("ignore::handformer.data.classification.DataWarning")
+def test_onednn_packed_weights_serve_what_they_generate_alone() -> None:
+    model = pack_linears(tiny_lm())  # what `handformer serve` runs where the probe picks oneDNN
+    engine = Engine(model, TOKENIZER, num_blocks=30, block_size=4, max_batch=6)
+    work = prompts(6, seed=3)
     jobs = [(TOKENIZER.encode(p), SamplingParams(max_tokens=n, temperature=0.0))
             for p, n in work]
     assert run_engine(engine, jobs) == [_alone(model, p, n, temperature=0) for p, n in work]

@@ -65,6 +65,11 @@ def register(sub: Any) -> None:
                    "crowd and alone)")
     p.add_argument("--quantize", choices=["int8"], default=None,
                    help="int8 weights (the dequantizing kernel: any batch size, no compiling)")
+    p.add_argument("--matmul", choices=["auto", "blas", "onednn"], default="auto",
+                   help="the library that multiplies float32 weights on the CPU: BLAS "
+                   "(torch's own), oneDNN over weights reordered once at start, or auto "
+                   "(default: both timed here at start on the model's own layers, at 1 and "
+                   "--max-batch rows; oneDNN only where it is clearly faster)")
     add_threads_option(p)
     p.set_defaults(handler=reporting("serve", run_serve))
 
@@ -94,7 +99,34 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
     if is_quantized(model):
         # Batches change size every step: the fused kernel would compile for each new size.
         set_int8_kernel(model, "dequantized")
+    _pick_matmul(model, args)
     return model, run.tokenizer, run.config
+
+
+def _pick_matmul(model: Any, args: argparse.Namespace) -> None:
+    """Pack the float32 weights for oneDNN where ``--matmul`` asks or the probe says so (see
+    ``handformer.models.packing``); print the choice and its figures."""
+    from handformer.models.packing import MatmulChoice, choose_matmul, pack_linears
+    from handformer.models.quantize import is_quantized
+
+    float_cpu = (args.dtype == "float32" and not is_quantized(model)
+                 and next(model.parameters()).device.type == "cpu")
+    if not float_cpu:
+        if args.matmul == "onednn":
+            raise UsageError("--matmul onednn is for float32 weights on the CPU; got "
+                             f"--dtype {args.dtype}, --device {args.device}"
+                             f"{', int8 weights' if is_quantized(model) else ''}")
+        return
+    if args.matmul == "auto":
+        choice = choose_matmul(model, args.max_batch)
+    else:
+        choice = MatmulChoice(args.matmul, "--matmul " + args.matmul)
+    if choice.matmul == "onednn":
+        try:
+            pack_linears(model)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    print(f"handformer serve: {choice.line()}", file=sys.stderr, flush=True)
 
 
 class _Server:

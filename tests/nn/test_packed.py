@@ -1,0 +1,58 @@
+"""``PackedLinear``: oneDNN's product over a reordered weight equals ``nn.Linear``'s to
+float32 rounding, for every shape a model meets, and refuses what it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from handformer.nn.packed import PackedLinear, onednn_packing_available
+
+pytestmark = pytest.mark.skipif(not onednn_packing_available(),
+                                reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_packed_product_equals_linear_for_random_shapes(seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    k, n = (int(v) for v in torch.randint(1, 200, (2,), generator=g))
+    rows = int(torch.randint(0, 40, (1,), generator=g))
+    lead = [(rows,), (1, rows), (2, 3, rows)][seed % 3]  # (..., K) of any depth, 0 rows too
+    linear = nn.Linear(k, n, bias=seed % 2 == 0)
+    x = torch.randn(*lead, k, generator=g)
+    packed = PackedLinear.from_linear(linear)
+    with torch.inference_mode():
+        expected, got = linear(x), packed(x)
+    assert got.shape == expected.shape == (*x.shape[:-1], n)
+    # Float32 products of the same numbers in another order: within K ulps of the sums.
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+def test_a_non_contiguous_input_gives_the_same_rows() -> None:
+    linear = nn.Linear(16, 8)
+    x = torch.randn(16, 6).t()  # (6, 16), a transposed view
+    packed = PackedLinear.from_linear(linear)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+def test_the_packed_layer_holds_no_trainable_weight_and_changes_nothing_of_the_original() -> None:
+    linear = nn.Linear(12, 5)
+    before = linear.weight.detach().clone()
+    packed = PackedLinear.from_linear(linear)
+    assert list(packed.parameters()) == []
+    assert set(packed.state_dict()) == {"bias"}
+    assert torch.equal(linear.weight.detach(), before)
+    assert "oneDNN-packed" in repr(packed)
+
+
+def test_wrong_weights_and_inputs_are_refused_in_one_line() -> None:
+    with pytest.raises(ValueError, match=r"float32 weights on the CPU; got torch\.bfloat16"):
+        PackedLinear.from_linear(nn.Linear(4, 4).to(torch.bfloat16))
+    packed = PackedLinear.from_linear(nn.Linear(4, 3))
+    with pytest.raises(ValueError, match=r"float32 CPU input \(\.\.\., 4\); got torch.float32 "
+                       r"\(2, 5\)"):
+        packed(torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"got torch\.float64"):
+        packed(torch.randn(2, 4, dtype=torch.float64))
