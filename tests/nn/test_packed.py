@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from handformer.nn.packed import PackedLinear, onednn_packing_available
+import handformer.nn.packed as packed_module
+from handformer.nn.packed import ROWS_PER_CALL, PackedLinear, onednn_packing_available
 
 pytestmark = pytest.mark.skipif(not onednn_packing_available(),
                                 reason="this torch build has no oneDNN")
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.skipif(not onednn_packing_available(),
 def test_packed_product_equals_linear_for_random_shapes(seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     k, n = (int(v) for v in torch.randint(1, 200, (2,), generator=g))
-    rows = int(torch.randint(0, 40, (1,), generator=g))
+    rows = int(torch.randint(0, 3 * ROWS_PER_CALL, (1,), generator=g))
     lead = [(rows,), (1, rows), (2, 3, rows)][seed % 3]  # (..., K) of any depth, 0 rows too
     linear = nn.Linear(k, n, bias=seed % 2 == 0)
     x = torch.randn(*lead, k, generator=g)
@@ -27,6 +28,24 @@ def test_packed_product_equals_linear_for_random_shapes(seed: int) -> None:
     assert got.shape == expected.shape == (*x.shape[:-1], n)
     # Float32 products of the same numbers in another order: within K ulps of the sums.
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+def test_tall_inputs_are_multiplied_in_pieces_of_at_most_rows_per_call(monkeypatch) -> None:
+    calls: list[int] = []
+    product = packed_module._product
+
+    def counted(rows, packed, bias):
+        calls.append(rows.shape[0])
+        return product(rows, packed, bias)
+
+    monkeypatch.setattr(packed_module, "_product", counted)
+    linear = nn.Linear(8, 6)
+    packed = PackedLinear.from_linear(linear)
+    x = torch.randn(2 * ROWS_PER_CALL + 5, 8)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
+        packed(x[:ROWS_PER_CALL])
+    assert calls == [ROWS_PER_CALL, ROWS_PER_CALL, 5, ROWS_PER_CALL]
 
 
 def test_a_non_contiguous_input_gives_the_same_rows() -> None:

@@ -4,11 +4,12 @@ weights reordered once (``handformer.nn.packed``) — measured here, at start-up
 ``choose_matmul(model, rows)`` times the model's own first layers (a slice of its weights
 larger than a CPU's last-level cache, so the weights stream from memory as they do in a real
 step) through both libraries, at 1 row of input — one user decoding — and at ``rows`` rows —
-a crowd's step — best of a few passes each, and picks oneDNN only when its two times together
-beat BLAS's by a clear margin; otherwise (a tie within noise, a torch without oneDNN, another
-dtype or device) BLAS stays: it is what the rest of handformer runs. A CPU where BLAS takes
-its best kernels keeps it; one where it does not gets oneDNN's. The measurement is the
-decision, so it never comes from another machine's profile.
+a crowd's step, up to ``nn.packed.ROWS_PER_CALL`` — best of a few passes each, and picks
+oneDNN only when its two times together beat BLAS's by a clear margin; otherwise (a tie
+within noise, a torch without oneDNN, another dtype or device) BLAS stays: it is what the
+rest of handformer runs. A CPU where BLAS takes its best kernels keeps it; one where it does
+not gets oneDNN's. The measurement is the decision, so it never comes from another machine's
+profile.
 
 ``pack_linears(model)`` then replaces every float32 ``nn.Linear`` of the model by a
 ``PackedLinear``, in place, one layer at a time (the memory peak is one layer's copy). The
@@ -25,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from handformer.nn.packed import PackedLinear, onednn_packing_available
+from handformer.nn.packed import ROWS_PER_CALL, PackedLinear, onednn_packing_available
 
 __all__ = ["MATMUL_CHOICES", "MatmulChoice", "choose_matmul", "pack_linears", "packed_layers"]
 
@@ -97,7 +98,7 @@ def choose_matmul(model: nn.Module, rows: int) -> MatmulChoice:
         size += linear.weight.numel() * 4
         if size >= _PROBE_BYTES:
             break
-    rows = max(1, rows)
+    rows = max(1, min(rows, ROWS_PER_CALL))  # taller inputs run in pieces this tall
     seconds: dict[str, tuple[float, float]] = {}
     with torch.inference_mode():
         packed = [PackedLinear.from_linear(linear) for linear in probe]

@@ -13,6 +13,13 @@ A ``PackedLinear`` is for inference only: the reordered weight is an opaque oneD
 a parameter — nothing trains it, ``state_dict`` does not hold it, and it has no ``weight`` to
 read. The results are float32 products of the same numbers, summed in another order: they
 match ``nn.Linear``'s to float32 rounding, not bit for bit.
+
+oneDNN compiles a kernel for every row count it is given and keeps it (a fraction of a
+megabyte each, whatever the weight's size). A server's steps meet every row count from 1 to
+its step's size, so an input of more than ``ROWS_PER_CALL`` rows is multiplied in pieces of
+at most that many: the kernels kept stay bounded by ``ROWS_PER_CALL`` per layer shape. A piece
+that tall already does enough arithmetic per weight byte to be bound by arithmetic, not by
+reading the weight again, so the pieces cost no more than one call would.
 """
 
 from __future__ import annotations
@@ -20,7 +27,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["PackedLinear", "onednn_packing_available"]
+__all__ = ["ROWS_PER_CALL", "PackedLinear", "onednn_packing_available"]
+
+ROWS_PER_CALL = 32
+
+
+def _product(rows: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    """rows (M, K) @ the packed (N, K) weight, transposed, + bias → (M, N): one oneDNN call."""
+    return torch.ops.mkldnn._linear_pointwise(rows, packed, bias, "none", [], "")
 
 
 def onednn_packing_available() -> bool:
@@ -66,10 +80,14 @@ class PackedLinear(nn.Module):
             raise ValueError(f"a packed linear layer takes float32 CPU input (..., {k}); got "
                              f"{x.dtype} {tuple(x.shape)} on {x.device}")
         rows = x.reshape(-1, k).contiguous()  # (M, K)
-        if rows.shape[0] == 0:
+        m, packed, bias = rows.shape[0], self._packed, self._buffers["bias"]
+        if m == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features)
-        y = torch.ops.mkldnn._linear_pointwise(rows, self._packed, self._buffers["bias"],
-                                               "none", [], "")  # (M, N)
+        if m <= ROWS_PER_CALL:
+            y = _product(rows, packed, bias)  # (M, N)
+        else:
+            y = torch.cat([_product(rows[i : i + ROWS_PER_CALL], packed, bias)
+                           for i in range(0, m, ROWS_PER_CALL)])  # (M, N)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
