@@ -39,25 +39,17 @@ from handformer.nn.lora import LoRAConfig, apply_lora, merge_lora
 from handformer.runs import load_run
 from handformer.serve.engine import Engine
 from handformer.serve.request import SamplingParams
-from handformer.train.checkpoint import list_checkpoints
 from tests.cli.test_cli import tiny_corpus
 from tests.serve.helpers import TOKENIZER, prompts, run_engine, tiny_lm
+from tests.serve.test_engine import ARCHITECTURES  # every positional kind + Qwen3's block
 from tests.train.helpers import TOKENIZER as TRAIN_TOKENIZER
-from tests.train.helpers import make_trainer, train_config, weights
+from tests.train.helpers import make_trainer, pause_and_resume, train_config, weights
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
 
 CUDA = torch.device("cuda")
 TRAIN_VOCAB = TRAIN_TOKENIZER.vocab_size  # ln of it: the loss of a uniform guess
-ARCHITECTURES = {
-    "learned": dict(positional="learned"),
-    "rope": dict(positional="rope"),
-    "alibi": dict(positional="alibi"),
-    "sinusoidal": dict(positional="sinusoidal"),
-    "qwen3-like": dict(positional="rope", norm_type="rmsnorm", activation="swiglu",
-                       n_kv_heads=2, qk_norm=True, bias=False, tie_weights=False),
-}
 
 
 @pytest.fixture(autouse=True)
@@ -225,16 +217,8 @@ def test_pause_and_resume_on_cuda_equals_a_straight_run(tmp_path: Path, precisio
     losses and weights bit for bit — dropout's GPU random state included."""
     cfg = train_config(device="cuda", max_steps=12, checkpoint_interval=5,
                        precision=precision, grad_accum_steps=2)
-    straight = make_trainer(cfg, dropout=0.2)
-    losses = straight.fit().train_losses
-    first = make_trainer(cfg, dropout=0.2, ckpt_dir=tmp_path / "ck")
-    head = first.fit(stop_at=5).train_losses
-    torch.manual_seed(999)
-    torch.cuda.manual_seed_all(999)  # the GPU's generators must come from the checkpoint
-    second = make_trainer(cfg, dropout=0.2, model_seed=31, ckpt_dir=tmp_path / "ck")
-    second.resume(list_checkpoints(tmp_path / "ck")[-1].path)
-    tail = second.fit().train_losses
-    assert head + tail == losses
+    straight, losses, second, resumed = pause_and_resume(cfg, tmp_path / "ck", pause_at=5)
+    assert resumed == losses
     for k, v in weights(straight.model).items():
         assert torch.equal(v, weights(second.model)[k]), k
 

@@ -13,7 +13,7 @@ from handformer.config import ModelConfig, TrainConfig
 from handformer.data import LMWindows, train_val_split
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
-from handformer.train.checkpoint import CheckpointManager
+from handformer.train.checkpoint import CheckpointManager, list_checkpoints
 from handformer.train.trainer import Trainer
 
 WORDS = ["the cat", "a dog", "sees", "likes", "the sun", "an apple", "old boats", "hears"]
@@ -61,3 +61,21 @@ def make_trainer(cfg: TrainConfig, *, model_seed: int = 0, dropout: float = 0.0,
 
 def weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def pause_and_resume(cfg: TrainConfig, ckpt_dir: Path, *, pause_at: int,
+                     dropout: float = 0.2) -> tuple[Trainer, list[float], Trainer, list[float]]:
+    """The same run twice: straight through, and paused at ``pause_at`` then continued by a
+    fresh Trainer (another initial model, the process's random state disturbed) resumed from
+    the checkpoint, as after a crash. Returns (straight trainer, its losses, resumed trainer,
+    the paused and resumed losses end to end): an exact resume makes them equal."""
+    straight = make_trainer(cfg, dropout=dropout)
+    losses = straight.fit().train_losses
+    head = make_trainer(cfg, dropout=dropout, ckpt_dir=ckpt_dir).fit(stop_at=pause_at)
+    torch.manual_seed(999)  # anything the process did in between must not matter
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(999)  # nor the GPU's generators
+    resumed = make_trainer(cfg, dropout=dropout, model_seed=31, ckpt_dir=ckpt_dir)
+    resumed.resume(list_checkpoints(ckpt_dir)[-1].path)
+    tail = resumed.fit().train_losses
+    return straight, losses, resumed, head.train_losses + tail

@@ -24,6 +24,7 @@ from tests.train.helpers import (
     TEXT,
     TOKENIZER,
     make_trainer,
+    pause_and_resume,
     train_config,
     weights,
 )
@@ -177,16 +178,8 @@ def test_pause_and_resume_equals_straight_run_with_dropout(tmp_path: Path,
                                                            precision: str) -> None:
     cfg = train_config(max_steps=12, checkpoint_interval=5, precision=precision,
                        grad_accum_steps=2)
-    straight = make_trainer(cfg, dropout=0.2)
-    losses = straight.fit().train_losses
-
-    first = make_trainer(cfg, dropout=0.2, ckpt_dir=tmp_path / "ck")
-    head = first.fit(stop_at=5).train_losses
-    torch.manual_seed(999)  # anything the process did in between must not matter
-    second = make_trainer(cfg, dropout=0.2, model_seed=31, ckpt_dir=tmp_path / "ck")
-    second.resume(list_checkpoints(tmp_path / "ck")[-1].path)
-    tail = second.fit().train_losses
-    assert head + tail == losses
+    straight, losses, second, resumed = pause_and_resume(cfg, tmp_path / "ck", pause_at=5)
+    assert resumed == losses
     for k, v in weights(straight.model).items():
         assert torch.equal(v, weights(second.model)[k]), k
     # Dropout really was on: the same run without it gives other losses.
