@@ -15,11 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,7 +34,7 @@ from handformer.nn.lora import LoRAConfig, apply_lora, merge_lora
 from handformer.runs import load_run
 from handformer.serve.engine import Engine
 from handformer.serve.request import SamplingParams
-from tests.cli.test_cli import tiny_corpus
+from tests.cli.test_cli import train_tiny
 from tests.serve.helpers import TOKENIZER, prompts, run_engine, tiny_lm
 from tests.serve.test_engine import ARCHITECTURES  # every positional kind + Qwen3's block
 from tests.train.helpers import TOKENIZER as TRAIN_TOKENIZER
@@ -227,14 +222,8 @@ def test_pause_and_resume_on_cuda_equals_a_straight_run(tmp_path: Path, precisio
 
 @pytest.fixture(scope="module")
 def cuda_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("cuda")
-    data = tmp / "corpus.txt"
-    data.write_text(tiny_corpus(), encoding="utf-8")
-    out = tmp / "run"
-    assert main(["train", "--preset", "tiny", "--data", str(data), "--out", str(out),
-                 "--no-progress", "--max-steps", "60", "--device", "cuda",
-                 "--precision", "auto"]) == 0
-    return out
+    return train_tiny(tmp_path_factory.mktemp("cuda"), "--max-steps", "60", "--device", "cuda",
+                      "--precision", "auto")
 
 
 def test_train_on_cuda_writes_a_run_that_loads_anywhere(cuda_run: Path) -> None:
@@ -295,45 +284,23 @@ def test_serving_engine_on_cuda_answers_each_request_as_generate_alone(arch: str
     assert engine.blocks.free == engine.blocks.num_blocks
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_serve_command_on_cuda_answers_over_http(cuda_run: Path) -> None:
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     httpx = pytest.importorskip("httpx")
-    port = _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    server = subprocess.Popen([sys.executable, "-m", "handformer", "serve", "--run",
-                               str(cuda_run), "--device", "cuda", "--port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              env=env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, server.stdout.read()
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.5)
+    from tests.serve.server import running_server
+
+    with running_server(cuda_run, "--device", "cuda", timeout=120) as (server, base):
         body = {"model": "run", "prompt": ["the ", "a "], "max_tokens": 30, "temperature": 0}
         reply = httpx.post(base + "/v1/completions", json=body, timeout=60).json()
         texts = [c["text"] for c in sorted(reply["choices"], key=lambda c: c["index"])]
         local = load_run(cuda_run, device="cuda", kind="lm")
         assert texts == [generate_text(local.model, local.tokenizer, p, 30, temperature=0)[0]
                          for p in ("the ", "a ")]
-    finally:
         server.terminate()
-        output = server.communicate(timeout=60)[0]
-    assert server.returncode == 0, output
-    assert "Traceback" not in output, output
+        err = server.communicate(timeout=60)[1]
+        assert server.returncode == 0, err
+        assert "Traceback" not in err, err
 
 
 # --- the GPU benchmark ---------------------------------------------------------------------

@@ -36,12 +36,17 @@ def tiny_corpus(n_chars: int = 20_000, seed: int = 0) -> str:
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One tiny training run shared by the tests in this module."""
-    tmp = tmp_path_factory.mktemp("cli")
-    data = tmp / "corpus.txt"
+    return train_tiny(tmp_path_factory.mktemp("cli"), "--max-steps", "20", "--device", "cpu")
+
+
+def train_tiny(folder: Path, *options: str) -> Path:
+    """``handformer train --preset tiny`` on ``tiny_corpus()`` (written to ``folder``) with
+    ``options``, into ``folder/run``; returns the run folder."""
+    data = folder / "corpus.txt"
     data.write_text(tiny_corpus(), encoding="utf-8")
-    out = tmp / "run"
+    out = folder / "run"
     code = main(["train", "--preset", "tiny", "--data", str(data), "--out", str(out),
-                 "--no-progress", "--max-steps", "20", "--device", "cpu"])
+                 "--no-progress", *options])
     assert code == 0
     return out
 

@@ -4,14 +4,10 @@ generate --temperature 0``, and SIGTERM finishing the stream in flight before ex
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 
@@ -21,15 +17,7 @@ httpx = pytest.importorskip("httpx")
 
 from handformer.runs import save_run  # noqa: E402
 from tests.serve.helpers import TOKENIZER, tiny_lm  # noqa: E402
-
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(
-    Path(__file__).resolve().parents[2] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.serve.server import ENV, running_server  # noqa: E402
 
 
 def _handformer(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -40,23 +28,7 @@ def _handformer(*args: str, **kwargs) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_serve_answers_what_generate_prints_and_sigterm_finishes_in_flight(tmp_path) -> None:
     run = save_run(tmp_path / "run", tiny_lm(max_len=64), TOKENIZER)
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "handformer", "serve", "--run", str(run), "--port", str(port),
-         "--kv-blocks", "16", "--block-size", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, server.communicate()[1]
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up"
-            time.sleep(0.2)
+    with running_server(run, "--kv-blocks", "16", "--block-size", "4") as (server, base):
         answer = httpx.post(f"{base}/v1/completions", timeout=60, json={
             "model": "run", "prompt": "the cat ", "max_tokens": 40, "temperature": 0})
         text = answer.json()["choices"][0]["text"]
@@ -89,10 +61,6 @@ def test_serve_answers_what_generate_prints_and_sigterm_finishes_in_flight(tmp_p
         last = json.loads(events[-2][6:])["choices"][0]
         assert last["finish_reason"] in ("length", "stop")
         assert "Traceback" not in err and "stopped" in err
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.communicate()
 
 
 def test_binding_beyond_loopback_needs_an_api_key(tmp_path) -> None:
