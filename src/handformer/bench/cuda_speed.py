@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip timing the whole `handformer train --device cuda`")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/cuda_speed.json"))
     args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be at least 1; got {args.repeats}")
     if not torch.cuda.is_available():
         print("cuda_speed: no CUDA GPU visible here (torch.cuda.is_available() is False); "
               "nothing measured")
