@@ -1,5 +1,6 @@
-"""A real ``handformer serve`` process for the tests: started on a free loopback port, awaited
-on ``/health``, and always stopped (killed if the test left it running)."""
+"""Servers for the HTTP tests: ``serving`` runs an engine's app in-process (uvicorn in a
+thread, on a port of its own); ``running_server`` starts a real ``handformer serve`` process
+on a free loopback port, waits for ``/health`` and always stops it."""
 
 from __future__ import annotations
 
@@ -7,14 +8,70 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-# The package from this checkout, one thread: the server's children see what the tests see.
+from handformer.serve.engine import Engine
+
+# For a server process: the package from this checkout, one thread.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(
     Path(__file__).resolve().parents[2] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+@contextmanager
+def serving(engine: Engine, *, send_buffer: int | None = None, run_engine: bool = True,
+            **settings) -> Iterator[str]:
+    """Serve ``engine`` on 127.0.0.1 and yield its base URL; stop it on the way out.
+    ``send_buffer`` shrinks the kernel's send buffer of every connection (inherited from the
+    listening socket), so a client that stops reading blocks the server within kilobytes."""
+    import uvicorn
+
+    from handformer.serve.app import ServeSettings, create_app
+
+    app = create_app(engine, ServeSettings(**{"model_name": "tiny", **settings}),
+                     run_engine=run_engine)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                           timeout_graceful_shutdown=10))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def metrics(base: str) -> dict[str, float]:
+    """``/metrics`` as {sample name with labels: value}."""
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def free_port() -> int:
