@@ -189,7 +189,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "SUM(U == 2 ? ADD(acc[i][j][0], acc[i][j][1]) : acc[i][j][0])",
         "SUM(acc[i][j][0])",
         ("tests/nn/test_int8_native.py",),
-        "the C int8 loop's one-row order drops its second (odd-vector) sums",
+        "the C int8 loop's tiles drop their second (odd-vector) sums",
+    ),
+    Mutant(
+        "int8_native_row_odd_sums_dropped", "nn/int8_kernel.c",
+        "dot += SUM(ADD(a0, a1));",
+        "dot += SUM(a0);",
+        ("tests/nn/test_int8_native.py",),
+        "the C int8 loop's one-row path (decoding) drops its second (odd-vector) sums",
+    ),
+    Mutant(
+        "int8_native_row_bias_dropped", "nn/int8_kernel.c",
+        "y[n] = bias != NULL ? out + bias[n] : out;",
+        "y[n] = out;",
+        ("tests/nn/test_int8_native.py",),
+        "the C int8 loop's one-row path (decoding) forgets the layer's bias",
     ),
     Mutant(
         "int8_streams_interleaved", "nn/quantized.py",

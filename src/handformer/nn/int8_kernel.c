@@ -273,6 +273,57 @@ void block_avx512_vnni BLOCK_ARGS
 BLOCK_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_VNNI,
            _mm512_add_epi32, sum16_epi32)
 
+/* One input row (decoding) on a vector path: weight row after weight row, start to end, so
+ * that memory sees one sequential stream — the pattern every hardware prefetcher follows —
+ * and nothing else in the loop: two sums per row (even and odd vectors, so that consecutive
+ * multiply-adds do not wait on each other), added in int32 per CHUNK as the tiles' one-row
+ * order adds them, so the integer is the same. The tiles below carry bookkeeping for up to
+ * 4 × 4 sums that a single row pays for on every weight row. */
+#define ROW1_BODY(VEC, W, ZERO, WIDEN, LOADX, MADD, ADD, SUM)                                  \
+    {                                                                                         \
+        for (int64_t n = 0; n < n_len; n++) {                                                 \
+            const int8_t *qr = q + n * k_len;                                                 \
+            int64_t dot = 0;                                                                  \
+            for (int64_t k0 = 0; k0 < k_len; k0 += CHUNK) {                                   \
+                int64_t k1 = k_len - k0 < CHUNK ? k_len : k0 + CHUNK;                         \
+                VEC a0 = ZERO, a1 = ZERO;                                                     \
+                int64_t k = k0;                                                               \
+                for (; k + 2 * W <= k1; k += 2 * W) {                                         \
+                    a0 = MADD(a0, LOADX(xq + k), WIDEN(qr + k));                              \
+                    a1 = MADD(a1, LOADX(xq + k + W), WIDEN(qr + k + W));                      \
+                }                                                                             \
+                if (k + W <= k1) {                                                            \
+                    a0 = MADD(a0, LOADX(xq + k), WIDEN(qr + k));                              \
+                    k += W;                                                                   \
+                }                                                                             \
+                dot += SUM(ADD(a0, a1));                                                      \
+                for (; k < k1; k++) dot += (int32_t)xq[k] * (int32_t)qr[k];                   \
+            }                                                                                 \
+            double v = (double)dot * (double)sx[0] * (double)scale[n];                        \
+            float out = (float)v;                                                             \
+            y[n] = bias != NULL ? out + bias[n] : out;                                        \
+        }                                                                                     \
+    }
+
+#define ROW1_ARGS                                                                             \
+    (const int16_t *xq, const float *sx, const int8_t *q, const float *scale,                 \
+     const float *bias, int64_t n_len, int64_t k_len, float *y)
+
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+static void row1_avx512_vnni ROW1_ARGS
+ROW1_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_VNNI,
+          _mm512_add_epi32, sum16_epi32)
+
+__attribute__((target("avx512f,avx512bw")))
+static void row1_avx512 ROW1_ARGS
+ROW1_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_BW,
+          _mm512_add_epi32, sum16_epi32)
+
+__attribute__((target("avx2")))
+static void row1_avx2 ROW1_ARGS
+ROW1_BODY(__m256i, 16, _mm256_setzero_si256(), WIDEN_256, LOADX_256, MADD_AVX2,
+          _mm256_add_epi32, sum8_epi32)
+
 /* MB input rows (a constant) × NB weight rows from m0, n, summed over every CHUNK, and the
  * epilogue. */
 #define TILE(BLOCK, NB, MB)                                                                   \
@@ -301,11 +352,10 @@ BLOCK_BODY(__m512i, 32, _mm512_setzero_si512(), WIDEN_512, LOADX_512, MADD_VNNI,
     default: TILE(BLOCK, NB, 4); break;                                                       \
     }
 
-/* One input row (decoding) goes weight row after weight row, start to end, so that memory
- * sees one sequential stream — the pattern every hardware prefetcher follows. More rows go
- * in tiles of 4 weight rows × up to 4 input rows, where each loaded vector serves 4 products
- * and the work, not the stream, sets the pace; a last partial tile of weight rows goes one
- * row at a time. One copy per path so that each block body inlines into it. */
+/* Several input rows go in tiles of 4 weight rows × up to 4 input rows, where each loaded
+ * vector serves 4 products and the work, not the stream, sets the pace; a last partial tile
+ * of weight rows goes one row at a time. One input row goes one weight row at a time too
+ * (row1_* on the vector paths). One copy per path so that each block body inlines into it. */
 #define DRIVER(NAME, TARGET, BLOCK)                                                           \
     __attribute__((target(TARGET))) static void NAME(                                         \
         const int16_t *xq, const float *sx, const int8_t *q, const float *scale,              \
@@ -330,6 +380,7 @@ DRIVER(linear_avx2, "avx2", block_avx2)
 DRIVER(linear_avx512, "avx512f,avx512bw", block_avx512)
 DRIVER(linear_avx512_vnni, "avx512f,avx512bw,avx512vnni", block_avx512_vnni)
 
+typedef void (*row1_fn) ROW1_ARGS;
 typedef void (*linear_fn)(const int16_t *, const float *, const int8_t *, const float *,
                           const float *, int64_t, int64_t, int64_t, float *);
 
@@ -354,7 +405,14 @@ int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
                                            : round_none;
     for (int64_t m = 0; m < m_len; m++)
         sx[m] = quantize_row(x + m * k_len, k_len, xq + m * k_len, scan, round_row);
-    linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
+    row1_fn row1 = isa >= ISA_AVX512_VNNI ? row1_avx512_vnni
+                   : isa == ISA_AVX512    ? row1_avx512
+                   : isa == ISA_AVX2      ? row1_avx2
+                                          : NULL;
+    if (m_len == 1 && row1 != NULL)
+        row1(xq, sx, q, scale, bias, n_len, k_len, y);
+    else
+        linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
     free(xq);
     free(sx);
     return 0;
