@@ -206,6 +206,31 @@ MUTANTS: tuple[Mutant, ...] = (
         "the C int8 loop's one-row path (decoding) forgets the layer's bias",
     ),
     Mutant(
+        "decode_gqa_head_wrong", "nn/decode_attention.c",
+        "const float *k0 = kv + base[i] + (h / group) * head_stride;",
+        "const float *k0 = kv + base[i] + (h % hkv_len) * head_stride;",
+        ("tests/nn/test_decode_attention.py",),
+        "the C decoding attention gives query head h the key/value head h mod Hkv, not h / G",
+    ),
+    Mutant(
+        "decode_avx512_fold_reordered", "nn/decode_attention.c",
+        "    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));\n"
+        "    return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));\n}\n\n/* out[d]",
+        "    return (_mm_cvtss_f32(b) + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 1)))\n"
+        "           + (_mm_cvtss_f32(_mm_shuffle_ps(b, b, 2))\n"
+        "              + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 3)));\n}\n\n/* out[d]",
+        ("tests/nn/test_decode_attention.py",),
+        "the C decoding attention's AVX-512 path folds its lanes in another order than the "
+        "others (right to within rounding, but no longer the same bits on every CPU)",
+    ),
+    Mutant(
+        "decode_packed_key_start_unstrided", "nn/decode_attention.py",
+        "base = [start * k.stride(2) for _, _, start, _ in spans]",
+        "base = [start for _, _, start, _ in spans]",
+        ("tests/nn/test_decode_attention.py",),
+        "a packed batch's segments read their keys from the wrong place in the gathered copy",
+    ),
+    Mutant(
         "int8_streams_interleaved", "nn/quantized.py",
         "out = torch.stack(columns, dim=1).view(x.shape[0], n)",
         "out = torch.stack(columns, dim=0).view(x.shape[0], n)",

@@ -9,7 +9,12 @@ Three kernels behind one interface:
 * ``tiled`` — hand-written memory-efficient attention (``handformer.nn.tiled_attention``):
   keys visited tile by tile with an online softmax, memory linear in T.
 
-Tests hold all three equal. ``auto`` picks ``manual`` or ``sdpa`` per call from the tensors'
+A cached decoding step (one query row, no mask or bias, float32 on the CPU, no gradient)
+runs the hand-written decoding loop (``handformer.nn.decode_attention``) under ``sdpa``,
+``tiled`` and ``auto``: it reads the cache once, where the kernels above are built for
+blocks of queries.
+
+Tests hold all of them equal. ``auto`` picks ``manual`` or ``sdpa`` per call from the tensors'
 dtype and device (``_auto_kernel``: the faster of the two for what is running).
 
 Shape legend: ``B`` batch, ``T`` query length, ``S`` key length, ``H`` query heads,
@@ -33,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from handformer.masks import causal_mask
+from handformer.nn import decode_attention as decode
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.norm import RMSNorm
 from handformer.nn.positional import RopeScaling, RotaryEmbedding, alibi_bias, alibi_slopes
@@ -256,6 +262,11 @@ def _run_kernel(
         is_causal = False
     if kind == "auto":
         kind = _auto_kernel(q)
+    if (kind != "manual" and q.shape[-2] == 1 and mask is None and bias is None
+            and not need_weights and dropout_p == 0.0 and decode.usable(q, k, v)):
+        # A decoding step (one query row over the cache): the hand-written loop that reads
+        # the cache once (``nn.decode_attention``).
+        return decode.decode_attention(q, k, v), None
     if kind == "manual" or need_weights:
         out, weights = _manual_attention(q, k, v, mask, dropout_p, is_causal=is_causal,
                                          bias=bias)
@@ -279,7 +290,12 @@ def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int,
     and it needs no mask: its attention does not depend on what else is in the batch (nor,
     in bf16, does its rounding). ALiBi's bias (``alibi`` = slopes (H,), query positions
     (B|1, T), key positions (B|1, S)) is built per segment, so memory stays linear in the
-    batch. Returns (B, H, T, D)."""
+    batch. Decoding segments (one query each, no ALiBi) go to the decoding kernel together,
+    in one call, when the kernel would take them alone too (``_run_kernel``). Returns
+    (B, H, T, D)."""
+    if (kind != "manual" and alibi is None and dropout_p == 0.0
+            and all(n == 1 for _, n, _, _ in spans) and decode.usable(q, k, v)):
+        return decode.decode_attention(q, k, v, spans)  # (1, H, T, D)
     pieces = []
     for q_start, n_queries, k_start, n_keys in spans:
         queries, keys = slice(q_start, q_start + n_queries), slice(k_start, k_start + n_keys)

@@ -18,26 +18,20 @@ Where nothing can compile or load it, ``native_status()`` says why and callers f
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
-from importlib import resources
-from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from handformer.nn.native_build import build_library
 
 __all__ = ["ISA_NAMES", "NativeProduct", "native_build_seconds", "native_isa", "native_linear",
            "native_status"]
 
 ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_vnni")  # the C file's ISA_* values, in order
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # the highest C path each ATen level allows
-_FLAGS = ("-O3", "-shared", "-fPIC", "-ffp-contract=off")  # no fused a·b + c in the epilogue
 
 
 class _Native:
@@ -63,7 +57,7 @@ class _Native:
     def _load(self) -> ctypes.CDLL | None:
         t0 = time.perf_counter()
         try:
-            path, compiled = _build()
+            path, compiled = build_library("int8_kernel.c")
             lib = ctypes.CDLL(str(path))
         except (OSError, RuntimeError, subprocess.SubprocessError) as err:
             text = str(err).strip()
@@ -80,37 +74,6 @@ class _Native:
         cap = _ATEN_CAP.get(torch.backends.cpu.get_cpu_capability(), 0)
         self.default = min(self.best, cap)
         return lib
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("HANDFORMER_CACHE") or os.path.join(Path.home(), ".cache", "handformer")
-    return Path(root) / "kernels"
-
-
-def _build() -> tuple[Path, bool]:
-    """The compiled library for this source and these flags, and whether it was compiled now:
-    from the cache, else compiled under a temporary name and renamed into place (two
-    processes may race; either wins, and both files are the same)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise RuntimeError(f"the C loop is written for x86-64; this CPU is {platform.machine()}")
-    source = resources.files("handformer.nn").joinpath("int8_kernel.c").read_bytes()
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    digest = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"int8_kernel-{digest}.so"
-    if target.is_file():
-        return target, False
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src, out = Path(tmp) / "int8_kernel.c", Path(tmp) / "int8_kernel.so"
-        src.write_bytes(source)
-        done = subprocess.run([compiler, *_FLAGS, "-o", str(out), str(src), "-lm"],
-                              capture_output=True, text=True, timeout=120, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"{compiler} failed: {(done.stderr or done.stdout).strip()}")
-        os.replace(out, target)
-    return target, True
 
 
 _NATIVE = _Native()

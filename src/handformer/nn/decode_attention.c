@@ -1,0 +1,185 @@
+/* The hand-written decoding attention of handformer.nn.decode_attention: one query per head
+ * attending over the keys and values a cache holds.
+ *
+ * Why by hand: a decoding step's attention reads every cached key and value once and does
+ * little arithmetic on them (one query row), so it is bound by how fast the cache streams
+ * in. A general attention kernel built for query blocks spends more than that stream here;
+ * this loop reads each head's keys once (the scores), then its values once (the weighted sum).
+ *
+ * Per segment (one request: its query row and its keys) and query head h, over its keys j:
+ *     s_j = (q_h · k_j) · scale,   p_j = exp(s_j − max s),   out_h = Σ p_j v_j / Σ p_j
+ * where k_j and v_j are key/value head h / G (G = H / Hkv query heads share one, as in
+ * grouped-query attention).
+ *
+ * Same bits on every path: the dot product runs in 16 lanes (lane l adds q[d]·k[d] for
+ * d ≡ l mod 16, in order of d, a multiply then an add: no fused multiply-add anywhere), the
+ * lanes fold in one fixed tree (l + 8, then + 4, + 2, + 1); the softmax runs in plain C in
+ * order of j; the weighted sum adds p_j·v_j[d] per d in order of j. The AVX-512 path keeps
+ * the 16 lanes in one register, AVX2 in two, the plain path in an array: every path does the
+ * same float operations in the same order. Head dims that are not a multiple of 16 take the
+ * plain path.
+ *
+ * Layout: q (n_seg, H, D) contiguous; out the same. Key d of head g at column c of segment i
+ * lies at  kv[base[i] + row · token_stride + g · head_stride + d]  with row = c, or
+ * rows[first[i] + c] when a table of rows is given (a paged pool); values the same from
+ * kv + v_offset. Query head h of segment i lies at q[i · q_seg_stride + h · q_head_stride + d].
+ * Each segment has keys[i] ≥ 1 columns.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+
+int hf_decode_best_isa(void) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return ISA_AVX512;
+    return __builtin_cpu_supports("avx2") ? ISA_AVX2 : ISA_SCALAR;
+}
+
+/* The lane fold every path shares: lane l + lane l+8, then +4, +2, +1. */
+static float fold16(const float *lane) {
+    float a[8], b[4], c[2];
+    for (int l = 0; l < 8; l++) a[l] = lane[l] + lane[l + 8];
+    for (int l = 0; l < 4; l++) b[l] = a[l] + a[l + 4];
+    for (int l = 0; l < 2; l++) c[l] = b[l] + b[l + 2];
+    return c[0] + c[1];
+}
+
+static float dot_scalar(const float *q, const float *k, int64_t d_len) {
+    float lane[16] = {0};
+    for (int64_t d = 0; d < d_len; d++) {
+        float product = q[d] * k[d];
+        lane[d % 16] = d < 16 ? product : lane[d % 16] + product;
+    }
+    return fold16(lane);
+}
+
+__attribute__((target("avx2"))) static float dot_avx2(const float *q, const float *k,
+                                                      int64_t d_len) {
+    __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
+    __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_loadu_ps(k + 8));
+    for (int64_t d = 16; d < d_len; d += 16) {
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d)));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(q + d + 8),
+                                             _mm256_loadu_ps(k + d + 8)));
+    }
+    __m256 a = _mm256_add_ps(lo, hi);                                            /* l + 8 */
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1)); /* + 4 */
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));                               /* + 2 */
+    return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));            /* + 1 */
+}
+
+__attribute__((target("avx512f"))) static float dot_avx512(const float *q, const float *k,
+                                                           int64_t d_len) {
+    __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
+    for (int64_t d = 16; d < d_len; d += 16)
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d)));
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));
+}
+
+/* out[d] = Σ_j w[j] · v_j[d], added in order of j from 0 for every d (the lanes are the d's,
+ * so every width adds alike). The vector paths keep up to 4 vectors of sums in registers and
+ * go over the keys once per such chunk of D. */
+static void wsum_scalar(const float *w, const float *v0, const int64_t *rows, int64_t n_keys,
+                        int64_t token_stride, int64_t d_len, float *out) {
+    for (int64_t d = 0; d < d_len; d++) out[d] = 0.0f;
+    for (int64_t j = 0; j < n_keys; j++) {
+        const float *v = v0 + (rows != NULL ? rows[j] : j) * token_stride;
+        for (int64_t d = 0; d < d_len; d++) out[d] += w[j] * v[d];
+    }
+}
+
+#define WSUM_CHUNK(VEC, W, NV, ZERO, SET1, LOAD, STORE, MUL, ADD)                             \
+    do {                                                                                      \
+        VEC acc[NV];                                                                          \
+        for (int u = 0; u < (NV); u++) acc[u] = ZERO;                                         \
+        for (int64_t j = 0; j < n_keys; j++) {                                                \
+            const float *v = v0 + (rows != NULL ? rows[j] : j) * token_stride + d0;           \
+            VEC p = SET1(w[j]);                                                               \
+            for (int u = 0; u < (NV); u++) acc[u] = ADD(acc[u], MUL(p, LOAD(v + u * (W))));   \
+        }                                                                                     \
+        for (int u = 0; u < (NV); u++) STORE(out + d0 + u * (W), acc[u]);                     \
+    } while (0)
+
+#define WSUM(NAME, TARGET, VEC, W, ZERO, SET1, LOAD, STORE, MUL, ADD)                         \
+    __attribute__((target(TARGET))) static void NAME(                                         \
+        const float *w, const float *v0, const int64_t *rows, int64_t n_keys,                 \
+        int64_t token_stride, int64_t d_len, float *out) {                                    \
+        for (int64_t d0 = 0; d0 < d_len; d0 += 4 * (W)) {                                     \
+            switch ((d_len - d0) / (W)) {                                                     \
+            case 1: WSUM_CHUNK(VEC, W, 1, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
+            case 2: WSUM_CHUNK(VEC, W, 2, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
+            case 3: WSUM_CHUNK(VEC, W, 3, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
+            default: WSUM_CHUNK(VEC, W, 4, ZERO, SET1, LOAD, STORE, MUL, ADD); break;         \
+            }                                                                                 \
+        }                                                                                     \
+    }
+
+WSUM(wsum_avx2, "avx2", __m256, 8, _mm256_setzero_ps(), _mm256_set1_ps, _mm256_loadu_ps,
+     _mm256_storeu_ps, _mm256_mul_ps, _mm256_add_ps)
+WSUM(wsum_avx512, "avx512f", __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps, _mm512_loadu_ps,
+     _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps)
+
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+typedef void (*wsum_fn)(const float *, const float *, const int64_t *, int64_t, int64_t, int64_t,
+                        float *);
+
+/* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. */
+static void attend_head(const float *q, const float *k0, const float *v0, const int64_t *rows,
+                        int64_t n_keys, int64_t token_stride, int64_t d_len, float scale,
+                        float *scratch, float *out, dot_fn dot, wsum_fn wsum) {
+    float top = -INFINITY;
+    for (int64_t j = 0; j < n_keys; j++) {
+        int64_t row = rows != NULL ? rows[j] : j;
+        float s = dot(q, k0 + row * token_stride, d_len) * scale;
+        scratch[j] = s;
+        top = s > top ? s : top;
+    }
+    float total = 0.0f;
+    for (int64_t j = 0; j < n_keys; j++) {
+        float p = expf(scratch[j] - top);
+        scratch[j] = p;
+        total += p;
+    }
+    wsum(scratch, v0, rows, n_keys, token_stride, d_len, out);
+    for (int64_t d = 0; d < d_len; d++) out[d] = out[d] / total;
+}
+
+/* out (n_seg, H, D) contiguous = attention of each segment's query over its cached columns
+ * (see the header for the layout), on path `isa` (at most hf_decode_best_isa()). Returns 0,
+ * or -1 where the scores' scratch cannot be allocated (out is then untouched). */
+int hf_decode_attention(int isa, const float *q, int64_t q_seg_stride, int64_t q_head_stride,
+                        const float *kv, int64_t v_offset, int64_t token_stride,
+                        int64_t head_stride, const int64_t *base, const int64_t *rows,
+                        const int64_t *first, const int64_t *keys, int64_t n_seg, int64_t h_len,
+                        int64_t hkv_len, int64_t d_len, float scale, float *out) {
+    int64_t widest = 1;
+    for (int64_t i = 0; i < n_seg; i++) widest = keys[i] > widest ? keys[i] : widest;
+    float *scratch = malloc((size_t)widest * sizeof(float));
+    if (scratch == NULL) return -1;
+    int vector_ok = d_len % 16 == 0;
+    dot_fn dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
+                             : isa == ISA_AVX2              ? dot_avx2
+                                                            : dot_scalar;
+    wsum_fn wsum = !vector_ok ? wsum_scalar : isa >= ISA_AVX512 ? wsum_avx512
+                               : isa == ISA_AVX2              ? wsum_avx2
+                                                              : wsum_scalar;
+    int64_t group = h_len / hkv_len;
+    for (int64_t i = 0; i < n_seg; i++) {
+        const int64_t *seg_rows = rows != NULL ? rows + first[i] : NULL;
+        for (int64_t h = 0; h < h_len; h++) {
+            const float *k0 = kv + base[i] + (h / group) * head_stride;
+            attend_head(q + i * q_seg_stride + h * q_head_stride, k0, k0 + v_offset, seg_rows,
+                        keys[i], token_stride, d_len, scale, scratch,
+                        out + (i * h_len + h) * d_len, dot, wsum);
+        }
+    }
+    free(scratch);
+    return 0;
+}

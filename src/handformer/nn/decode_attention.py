@@ -1,0 +1,162 @@
+"""The hand-written decoding attention (``decode_attention.c``): one query per head over a cache.
+
+Why its own kernel: a cached decoding step's attention has one query row per head, so it is
+bound by reading the cached keys and values once; torch's fused CPU kernel is built for
+blocks of queries and spends several times that read on a single row. The C loop reads each
+head's keys once for the scores and its values once for the weighted sum, and it takes a
+batch of requests packed one after another (``serve``'s segments) in one call.
+
+It is the kernel ``nn.attention`` runs for a single query row without mask, bias, dropout or
+gradient, in float32 on the CPU, whenever the model asked for ``sdpa``, ``tiled`` or
+``auto`` (``manual`` stays the written-out reference everywhere). Everything else — a
+mask, ALiBi's bias, training, bf16, a GPU — keeps the kernel it had. Tests hold it equal to
+the reference kernel.
+
+The path (AVX-512, AVX2, plain C) is chosen at run time from the CPU, capped by ATen's own
+level (``ATEN_CPU_CAPABILITY``), and every path does the same float operations in the same
+order, so the output bits do not depend on it. Built once per source version by
+``nn.native_build``; where nothing can build or load it, ``decode_status()`` says why and
+attention keeps torch's kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import subprocess
+import threading
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from handformer.nn.native_build import build_library
+
+__all__ = ["DECODE_ISA_NAMES", "decode_attention", "decode_isa", "decode_status", "usable"]
+
+DECODE_ISA_NAMES = ("scalar", "avx2", "avx512")  # the C file's ISA_* values, in order
+_ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
+_I64 = ctypes.c_int64
+
+
+class _Library:
+    """The loaded library (or why there is none), found once per process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tried = False
+        self.call: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
+        self.broken: str | None = None
+        self.best = 0
+        self.default = 0
+
+    def load(self) -> None:
+        if self._tried:
+            return
+        with self._lock:
+            if self._tried:
+                return
+            try:
+                path, _ = build_library("decode_attention.c")
+                lib = ctypes.CDLL(str(path))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+                text = str(err).strip()
+                self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+            else:
+                lib.hf_decode_best_isa.restype = ctypes.c_int
+                lib.hf_decode_best_isa.argtypes = []
+                call = lib.hf_decode_attention
+                call.restype = ctypes.c_int
+                call.argtypes = [ctypes.c_int, ctypes.c_void_p, _I64, _I64, ctypes.c_void_p,
+                                 _I64, _I64, _I64, *[ctypes.c_void_p] * 4, _I64, _I64, _I64,
+                                 _I64, ctypes.c_float, ctypes.c_void_p]
+                self.best = int(lib.hf_decode_best_isa())
+                cap = _ATEN_CAP.get(torch.backends.cpu.get_cpu_capability(), 0)
+                self.default = min(self.best, cap)
+                self.call = call
+            self._tried = True
+
+
+_LIB = _Library()
+
+
+def decode_status() -> str | None:
+    """Why the hand-written decoding attention cannot run in this process, or None (it can)."""
+    _LIB.load()
+    return _LIB.broken
+
+
+def decode_isa() -> str:
+    """The path the kernel takes here by default (the CPU's best, capped by ATen's level)."""
+    _LIB.load()
+    return DECODE_ISA_NAMES[_LIB.default]
+
+
+def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """Whether ``decode_attention`` runs these tensors: float32 on the CPU, unit stride along
+    D, k and v with the same strides in one storage, no gradient being recorded, not under
+    ``torch.compile``, and a library that loaded."""
+    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32
+            or not q.is_cpu or not k.is_cpu):
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride():
+        return False
+    if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
+        return False
+    _LIB.load()
+    return _LIB.call is not None
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor,
+                     spans: Sequence[tuple[int, int, int, int]] | None = None,
+                     isa: str | None = None) -> Tensor:
+    """Softmax attention of single query rows over their keys, scaled by 1/√D, no mask.
+
+    Without ``spans``: q (B, H, 1, D), k and v (B, Hkv, S, D) → (B, H, 1, D); row b attends
+    over its S keys. With ``spans`` (a packed batch, ``serve.paged``): q (1, H, T, D), k and
+    v (1, Hkv, S, D), and ``spans[i] = (i, 1, key start, keys)`` — segment i's one query is
+    column i, its keys columns [key start, key start + keys) → (1, H, T, D). The output's
+    (B, T, H, D) transpose is contiguous, so merging heads back costs no copy. ``isa``
+    forces a path (``DECODE_ISA_NAMES``). Attention checks ``usable`` first; a direct
+    caller gets ``RuntimeError`` where the library did not load (``decode_status()``).
+    """
+    _LIB.load()
+    if _LIB.call is None:
+        raise RuntimeError(f"the decoding attention kernel is unavailable: {_LIB.broken}")
+    b, h, t, d = q.shape
+    hkv = k.shape[1]
+    if spans is None:
+        if t != 1:
+            raise ValueError(f"decode attention takes one query row; got q {tuple(q.shape)}")
+        n_seg, q_seg_stride = b, q.stride(0)
+        base = [i * k.stride(0) for i in range(b)]
+        keys = [k.shape[2]] * b
+    else:
+        if b != 1 or len(spans) != t or any(n != 1 for _, n, _, _ in spans):
+            raise ValueError(f"decode attention over a packed batch takes one query per "
+                             f"segment; got q {tuple(q.shape)} and spans {list(spans)}")
+        n_seg, q_seg_stride = t, q.stride(2)
+        base = [start * k.stride(2) for _, _, start, _ in spans]
+        keys = [n for _, _, _, n in spans]
+    if min(keys) < 1 or h % hkv:
+        raise ValueError(f"decode attention needs ≥ 1 key per row and Hkv dividing H; got "
+                         f"keys {keys}, H {h}, Hkv {hkv}")
+    allowed = DECODE_ISA_NAMES[: _LIB.best + 1]
+    level = _LIB.default if isa is None else allowed.index(isa) if isa in allowed else -1
+    if level < 0:
+        raise ValueError(f"decode attention path {isa!r}: expected one of "
+                         f"{allowed} on this CPU")
+    out = torch.empty(n_seg, h, d)  # (segments, H, D)
+    bases, counts = (_I64 * n_seg)(*base), (_I64 * n_seg)(*keys)
+    v_offset = (v.data_ptr() - k.data_ptr()) // 4
+    if _LIB.call(level, q.data_ptr(), q_seg_stride, q.stride(1), k.data_ptr(), v_offset,
+                 k.stride(2), k.stride(1), bases, None, None, counts, n_seg, h, hkv, d,
+                 1.0 / math.sqrt(d), out.data_ptr()) != 0:
+        raise MemoryError(f"decode attention: no memory for the scores of {max(keys)} keys")
+    if spans is None:
+        return out.view(b, 1, h, d).transpose(1, 2)  # (B, H, 1, D)
+    return out.view(1, t, h, d).transpose(1, 2)  # (1, H, T, D)
