@@ -231,6 +231,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a packed batch's segments read their keys from the wrong place in the gathered copy",
     ),
     Mutant(
+        "decode_mixed_step_one_repeated", "nn/attention.py",
+        "            done += 1\n            continue\n",
+        "            continue\n",
+        ("tests/serve/test_paged.py",),
+        "in a step mixing prefill chunks with decoding requests, every decoding request gets "
+        "the first one's attention",
+    ),
+    Mutant(
         "int8_streams_interleaved", "nn/quantized.py",
         "out = torch.stack(columns, dim=1).view(x.shape[0], n)",
         "out = torch.stack(columns, dim=0).view(x.shape[0], n)",

@@ -88,6 +88,13 @@ def test_a_packed_batch_gives_each_segment_what_it_gets_alone() -> None:
         assert torch.equal(out[:, :, i:i + 1], alone), i
         want = reference(q[:, :, i:i + 1], k[:, :, start:start + n], v[:, :, start:start + n])
         assert (alone.double() - want).abs().max() <= TOL
+    # Some of the segments, in another order (a step that mixes decoding with prefill
+    # chunks sends only its decoding ones): each still gets its result alone.
+    some = [spans[3], spans[0], spans[2]]
+    picked = decode.decode_attention(q, k, v, some)
+    assert picked.shape == (1, h, 3, d)
+    for j, (i, *_) in enumerate(some):
+        assert torch.equal(picked[:, :, j], out[:, :, i]), i
 
 
 def test_a_decoding_step_runs_the_loop_and_nothing_else_does(
@@ -124,8 +131,18 @@ def test_what_it_cannot_take_is_refused_in_one_line() -> None:
     k, v = cache_views(1, 2, 8, 8, 16)
     with pytest.raises(ValueError, match="one query row"):
         decode.decode_attention(torch.randn(1, 2, 3, 16), k, v)
-    with pytest.raises(ValueError, match="one query per segment"):
+    with pytest.raises(ValueError, match="one query column of q"):
         decode.decode_attention(torch.randn(1, 2, 2, 16), k, v, [(0, 2, 0, 8)])
+    with pytest.raises(ValueError, match="a run of the 8 key columns"):
+        decode.decode_attention(torch.randn(1, 2, 2, 16), k, v, [(0, 1, 0, 4), (1, 1, 4, 5)])
+    with pytest.raises(ValueError, match="one query column of q"):
+        decode.decode_attention(torch.randn(1, 2, 2, 16), k, v, [(2, 1, 0, 4)])
+    with pytest.raises(ValueError, match=r"k, v \(B, Hkv, S, D\) alike"):
+        decode.decode_attention(torch.randn(1, 2, 1, 32), k, v)
+    with pytest.raises(ValueError, match=r"k, v \(B, Hkv, S, D\) alike"):
+        decode.decode_attention(torch.randn(2, 2, 1, 16), k, v)
+    with pytest.raises(ValueError, match=r"k, v \(B, Hkv, S, D\) alike"):
+        decode.decode_attention(torch.randn(1, 2, 1, 16), k, v[:, :, :4])
     with pytest.raises(ValueError, match="Hkv dividing H"):
         decode.decode_attention(torch.randn(1, 3, 1, 16), k, v)
     with pytest.raises(ValueError, match="decode attention path 'avx9000'"):

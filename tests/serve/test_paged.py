@@ -74,10 +74,11 @@ def test_prefill_chunks_and_decoding_tokens_in_one_call_equal_one_call_each(
     writes to the pool, are those of its own call; nothing else is written."""
     model = tiny_lm(positional=positional, n_kv_heads=2)
     torch.manual_seed(2)
-    # Request 0 starts from nothing, 1 and 2 continue a prefill after 4 and 7 cached
-    # tokens, 3 decodes one token after 4.
-    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (6, 7, 9, 5)]
-    cached, new = [0, 4, 7, 4], [6, 3, 2, 1]
+    # Request 0 starts from nothing, 2 continues a prefill after 7 cached tokens, 1 and 3
+    # decode one token after 4 (the decoding segments share one kernel call, between and
+    # after prefill chunks).
+    seqs = [torch.randint(4, model.config.vocab_size, (n,)) for n in (6, 5, 9, 5)]
+    cached, new = [0, 4, 7, 4], [6, 1, 2, 1]
     pools = [KVPool(model.config, num_blocks=12, block_size=4, dtype=torch.float32,
                     device="cpu") for _ in range(2)]
     tables = [[0, 1], [5, 2], [9, 3, 7], [4, 6]]
@@ -91,9 +92,9 @@ def test_prefill_chunks_and_decoding_tokens_in_one_call_equal_one_call_each(
                  for seq, table, n, k in zip(seqs, tables, cached, new, strict=True)]
         ids = torch.cat([s[n : n + k] for s, n, k in zip(seqs, cached, new, strict=True)])
         cache = PagedBatchCache(pools[1], tables, cached, new)
-        assert cache.row_spans == [(0, 6, 0, 6), (6, 3, 6, 7), (9, 2, 13, 9), (11, 1, 22, 5)]
+        assert cache.row_spans == [(0, 6, 0, 6), (6, 1, 6, 5), (7, 2, 11, 9), (9, 1, 20, 5)]
         assert len(cache.write_slots) == sum(new)
-        logits = model(ids[None], cache=cache)[0]  # (12, V)
+        logits = model(ids[None], cache=cache)[0]  # (10, V)
     for i, last in enumerate(torch.tensor(new).cumsum(0) - 1):
         torch.testing.assert_close(logits[last], alone[i], rtol=1e-4, atol=1e-4)
     # Both pools hold the same keys and values in every slot the requests own (and

@@ -290,14 +290,22 @@ def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int,
     and it needs no mask: its attention does not depend on what else is in the batch (nor,
     in bf16, does its rounding). ALiBi's bias (``alibi`` = slopes (H,), query positions
     (B|1, T), key positions (B|1, S)) is built per segment, so memory stays linear in the
-    batch. Decoding segments (one query each, no ALiBi) go to the decoding kernel together,
-    in one call, when the kernel would take them alone too (``_run_kernel``). Returns
-    (B, H, T, D)."""
+    batch. The decoding segments (one query each, no ALiBi) go to the decoding kernel
+    together, in one call, when the kernel would take each of them alone too
+    (``_run_kernel``): it computes every segment on its own, so the bits are those alone.
+    Returns (B, H, T, D)."""
+    decoding: Tensor | None = None  # (1, H, n, D): the one-query segments, in order
     if (kind != "manual" and alibi is None and dropout_p == 0.0
-            and all(n == 1 for _, n, _, _ in spans) and decode.usable(q, k, v)):
-        return decode.decode_attention(q, k, v, spans)  # (1, H, T, D)
-    pieces = []
+            and any(n == 1 for _, n, _, _ in spans) and decode.usable(q, k, v)):
+        decoding = decode.decode_attention(q, k, v, [span for span in spans if span[1] == 1])
+        if decoding.shape[2] == len(spans):
+            return decoding  # (1, H, T, D): every segment was decoding
+    pieces, done = [], 0
     for q_start, n_queries, k_start, n_keys in spans:
+        if decoding is not None and n_queries == 1:
+            pieces.append(decoding[:, :, done : done + 1])  # (1, H, 1, D)
+            done += 1
+            continue
         queries, keys = slice(q_start, q_start + n_queries), slice(k_start, k_start + n_keys)
         bias = None
         if alibi is not None:

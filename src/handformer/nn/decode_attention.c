@@ -19,10 +19,9 @@
  * same float operations in the same order. Head dims that are not a multiple of 16 take the
  * plain path.
  *
- * Layout: q (n_seg, H, D) contiguous; out the same. Key d of head g at column c of segment i
- * lies at  kv[base[i] + row · token_stride + g · head_stride + d]  with row = c, or
- * rows[first[i] + c] when a table of rows is given (a paged pool); values the same from
- * kv + v_offset. Query head h of segment i lies at q[i · q_seg_stride + h · q_head_stride + d].
+ * Layout: out (n_seg, H, D) contiguous. Query head h of segment i lies at
+ * q[q_base[i] + h · q_head_stride + d]; key d of head g at column c of segment i at
+ * kv[base[i] + c · token_stride + g · head_stride + d];  values the same from kv + v_offset.
  * Each segment has keys[i] ≥ 1 columns.
  */
 #include <immintrin.h>
@@ -86,11 +85,11 @@ __attribute__((target("avx512f"))) static float dot_avx512(const float *q, const
 /* out[d] = Σ_j w[j] · v_j[d], added in order of j from 0 for every d (the lanes are the d's,
  * so every width adds alike). The vector paths keep up to 4 vectors of sums in registers and
  * go over the keys once per such chunk of D. */
-static void wsum_scalar(const float *w, const float *v0, const int64_t *rows, int64_t n_keys,
-                        int64_t token_stride, int64_t d_len, float *out) {
+static void wsum_scalar(const float *w, const float *v0, int64_t n_keys, int64_t token_stride,
+                        int64_t d_len, float *out) {
     for (int64_t d = 0; d < d_len; d++) out[d] = 0.0f;
     for (int64_t j = 0; j < n_keys; j++) {
-        const float *v = v0 + (rows != NULL ? rows[j] : j) * token_stride;
+        const float *v = v0 + j * token_stride;
         for (int64_t d = 0; d < d_len; d++) out[d] += w[j] * v[d];
     }
 }
@@ -100,7 +99,7 @@ static void wsum_scalar(const float *w, const float *v0, const int64_t *rows, in
         VEC acc[NV];                                                                          \
         for (int u = 0; u < (NV); u++) acc[u] = ZERO;                                         \
         for (int64_t j = 0; j < n_keys; j++) {                                                \
-            const float *v = v0 + (rows != NULL ? rows[j] : j) * token_stride + d0;           \
+            const float *v = v0 + j * token_stride + d0;                                      \
             VEC p = SET1(w[j]);                                                               \
             for (int u = 0; u < (NV); u++) acc[u] = ADD(acc[u], MUL(p, LOAD(v + u * (W))));   \
         }                                                                                     \
@@ -109,8 +108,8 @@ static void wsum_scalar(const float *w, const float *v0, const int64_t *rows, in
 
 #define WSUM(NAME, TARGET, VEC, W, ZERO, SET1, LOAD, STORE, MUL, ADD)                         \
     __attribute__((target(TARGET))) static void NAME(                                         \
-        const float *w, const float *v0, const int64_t *rows, int64_t n_keys,                 \
-        int64_t token_stride, int64_t d_len, float *out) {                                    \
+        const float *w, const float *v0, int64_t n_keys, int64_t token_stride, int64_t d_len, \
+        float *out) {                                                                         \
         for (int64_t d0 = 0; d0 < d_len; d0 += 4 * (W)) {                                     \
             switch ((d_len - d0) / (W)) {                                                     \
             case 1: WSUM_CHUNK(VEC, W, 1, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
@@ -127,17 +126,15 @@ WSUM(wsum_avx512, "avx512f", __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps, _m
      _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps)
 
 typedef float (*dot_fn)(const float *, const float *, int64_t);
-typedef void (*wsum_fn)(const float *, const float *, const int64_t *, int64_t, int64_t, int64_t,
-                        float *);
+typedef void (*wsum_fn)(const float *, const float *, int64_t, int64_t, int64_t, float *);
 
 /* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. */
-static void attend_head(const float *q, const float *k0, const float *v0, const int64_t *rows,
-                        int64_t n_keys, int64_t token_stride, int64_t d_len, float scale,
-                        float *scratch, float *out, dot_fn dot, wsum_fn wsum) {
+static void attend_head(const float *q, const float *k0, const float *v0, int64_t n_keys,
+                        int64_t token_stride, int64_t d_len, float scale, float *scratch,
+                        float *out, dot_fn dot, wsum_fn wsum) {
     float top = -INFINITY;
     for (int64_t j = 0; j < n_keys; j++) {
-        int64_t row = rows != NULL ? rows[j] : j;
-        float s = dot(q, k0 + row * token_stride, d_len) * scale;
+        float s = dot(q, k0 + j * token_stride, d_len) * scale;
         scratch[j] = s;
         top = s > top ? s : top;
     }
@@ -147,18 +144,18 @@ static void attend_head(const float *q, const float *k0, const float *v0, const 
         scratch[j] = p;
         total += p;
     }
-    wsum(scratch, v0, rows, n_keys, token_stride, d_len, out);
+    wsum(scratch, v0, n_keys, token_stride, d_len, out);
     for (int64_t d = 0; d < d_len; d++) out[d] = out[d] / total;
 }
 
 /* out (n_seg, H, D) contiguous = attention of each segment's query over its cached columns
  * (see the header for the layout), on path `isa` (at most hf_decode_best_isa()). Returns 0,
  * or -1 where the scores' scratch cannot be allocated (out is then untouched). */
-int hf_decode_attention(int isa, const float *q, int64_t q_seg_stride, int64_t q_head_stride,
+int hf_decode_attention(int isa, const float *q, const int64_t *q_base, int64_t q_head_stride,
                         const float *kv, int64_t v_offset, int64_t token_stride,
-                        int64_t head_stride, const int64_t *base, const int64_t *rows,
-                        const int64_t *first, const int64_t *keys, int64_t n_seg, int64_t h_len,
-                        int64_t hkv_len, int64_t d_len, float scale, float *out) {
+                        int64_t head_stride, const int64_t *base, const int64_t *keys,
+                        int64_t n_seg, int64_t h_len, int64_t hkv_len, int64_t d_len,
+                        float scale, float *out) {
     int64_t widest = 1;
     for (int64_t i = 0; i < n_seg; i++) widest = keys[i] > widest ? keys[i] : widest;
     float *scratch = malloc((size_t)widest * sizeof(float));
@@ -172,12 +169,11 @@ int hf_decode_attention(int isa, const float *q, int64_t q_seg_stride, int64_t q
                                                               : wsum_scalar;
     int64_t group = h_len / hkv_len;
     for (int64_t i = 0; i < n_seg; i++) {
-        const int64_t *seg_rows = rows != NULL ? rows + first[i] : NULL;
         for (int64_t h = 0; h < h_len; h++) {
             const float *k0 = kv + base[i] + (h / group) * head_stride;
-            attend_head(q + i * q_seg_stride + h * q_head_stride, k0, k0 + v_offset, seg_rows,
-                        keys[i], token_stride, d_len, scale, scratch,
-                        out + (i * h_len + h) * d_len, dot, wsum);
+            attend_head(q + q_base[i] + h * q_head_stride, k0, k0 + v_offset, keys[i],
+                        token_stride, d_len, scale, scratch, out + (i * h_len + h) * d_len, dot,
+                        wsum);
         }
     }
     free(scratch);

@@ -67,9 +67,9 @@ class _Library:
                 lib.hf_decode_best_isa.argtypes = []
                 call = lib.hf_decode_attention
                 call.restype = ctypes.c_int
-                call.argtypes = [ctypes.c_int, ctypes.c_void_p, _I64, _I64, ctypes.c_void_p,
-                                 _I64, _I64, _I64, *[ctypes.c_void_p] * 4, _I64, _I64, _I64,
-                                 _I64, ctypes.c_float, ctypes.c_void_p]
+                call.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, _I64,
+                                 ctypes.c_void_p, _I64, _I64, _I64, *[ctypes.c_void_p] * 2,
+                                 _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_void_p]
                 self.best = int(lib.hf_decode_best_isa())
                 cap = _ATEN_CAP.get(torch.backends.cpu.get_cpu_capability(), 0)
                 self.default = min(self.best, cap)
@@ -118,28 +118,37 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
 
     Without ``spans``: q (B, H, 1, D), k and v (B, Hkv, S, D) → (B, H, 1, D); row b attends
     over its S keys. With ``spans`` (a packed batch, ``serve.paged``): q (1, H, T, D), k and
-    v (1, Hkv, S, D), and ``spans[i] = (i, 1, key start, keys)`` — segment i's one query is
-    column i, its keys columns [key start, key start + keys) → (1, H, T, D). The output's
-    (B, T, H, D) transpose is contiguous, so merging heads back costs no copy. ``isa``
+    v (1, Hkv, S, D), and ``spans[i] = (query, 1, key start, keys)`` — segment i's one query
+    is column ``query``, its keys columns [key start, key start + keys) → (1, H, n, D) for
+    n spans, in their order (all of T when they are its every column, one each). The
+    output's (B, T|n, H, D) transpose is contiguous, so merging heads costs no copy. ``isa``
     forces a path (``DECODE_ISA_NAMES``). Attention checks ``usable`` first; a direct
     caller gets ``RuntimeError`` where the library did not load (``decode_status()``).
     """
     _LIB.load()
     if _LIB.call is None:
         raise RuntimeError(f"the decoding attention kernel is unavailable: {_LIB.broken}")
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[::3] != q.shape[::3]:
+        raise ValueError(f"decode attention takes q (B, H, T, D) and k, v (B, Hkv, S, D) "
+                         f"alike; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
     b, h, t, d = q.shape
     hkv = k.shape[1]
     if spans is None:
         if t != 1:
             raise ValueError(f"decode attention takes one query row; got q {tuple(q.shape)}")
-        n_seg, q_seg_stride = b, q.stride(0)
+        n_seg = b
+        q_base = [i * q.stride(0) for i in range(b)]
         base = [i * k.stride(0) for i in range(b)]
         keys = [k.shape[2]] * b
     else:
-        if b != 1 or len(spans) != t or any(n != 1 for _, n, _, _ in spans):
-            raise ValueError(f"decode attention over a packed batch takes one query per "
-                             f"segment; got q {tuple(q.shape)} and spans {list(spans)}")
-        n_seg, q_seg_stride = t, q.stride(2)
+        if (b != 1 or not spans or any(n != 1 or not 0 <= i < t for i, n, _, _ in spans)
+                or any(start < 0 or start + n > k.shape[2] for _, _, start, n in spans)):
+            raise ValueError(f"decode attention over a packed batch takes one query column "
+                             f"of q and a run of the {k.shape[2]} key columns per segment; "
+                             f"got q {tuple(q.shape)} and spans {list(spans)}")
+        n_seg = len(spans)
+        q_base = [i * q.stride(2) for i, _, _, _ in spans]
         base = [start * k.stride(2) for _, _, start, _ in spans]
         keys = [n for _, _, _, n in spans]
     if min(keys) < 1 or h % hkv:
@@ -151,12 +160,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
         raise ValueError(f"decode attention path {isa!r}: expected one of "
                          f"{allowed} on this CPU")
     out = torch.empty(n_seg, h, d)  # (segments, H, D)
-    bases, counts = (_I64 * n_seg)(*base), (_I64 * n_seg)(*keys)
+    q_bases, bases, counts = (_I64 * n_seg)(*q_base), (_I64 * n_seg)(*base), (_I64 * n_seg)(*keys)
     v_offset = (v.data_ptr() - k.data_ptr()) // 4
-    if _LIB.call(level, q.data_ptr(), q_seg_stride, q.stride(1), k.data_ptr(), v_offset,
-                 k.stride(2), k.stride(1), bases, None, None, counts, n_seg, h, hkv, d,
+    if _LIB.call(level, q.data_ptr(), q_bases, q.stride(1), k.data_ptr(), v_offset,
+                 k.stride(2), k.stride(1), bases, counts, n_seg, h, hkv, d,
                  1.0 / math.sqrt(d), out.data_ptr()) != 0:
         raise MemoryError(f"decode attention: no memory for the scores of {max(keys)} keys")
     if spans is None:
         return out.view(b, 1, h, d).transpose(1, 2)  # (B, H, 1, D)
-    return out.view(1, t, h, d).transpose(1, 2)  # (1, H, T, D)
+    return out.view(1, n_seg, h, d).transpose(1, 2)  # (1, H, T|n, D)
