@@ -143,6 +143,11 @@ def test_what_it_cannot_take_is_refused_in_one_line() -> None:
         decode.decode_attention(torch.randn(2, 2, 1, 16), k, v)
     with pytest.raises(ValueError, match=r"k, v \(B, Hkv, S, D\) alike"):
         decode.decode_attention(torch.randn(1, 2, 1, 16), k, v[:, :, :4])
+    with pytest.raises(ValueError, match="k and v with the same strides"):
+        decode.decode_attention(torch.randn(1, 2, 1, 16), k,
+                                torch.randn(1, 8, 2, 16).transpose(1, 2))  # token-major
+    with pytest.raises(ValueError, match="float32 CPU tensors"):
+        decode.decode_attention(torch.randn(1, 2, 1, 16).double(), k.double(), v.double())
     with pytest.raises(ValueError, match="Hkv dividing H"):
         decode.decode_attention(torch.randn(1, 3, 1, 16), k, v)
     with pytest.raises(ValueError, match="decode attention path 'avx9000'"):

@@ -132,6 +132,12 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
         raise ValueError(f"decode attention takes q (B, H, T, D) and k, v (B, Hkv, S, D) "
                          f"alike; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
+    if (any(x.dtype != torch.float32 or not x.is_cpu or x.stride(-1) != 1 for x in (q, k, v))
+            or k.stride() != v.stride()):
+        raise ValueError("decode attention takes float32 CPU tensors with unit stride along D, "
+                         "k and v with the same strides (see usable()); "
+                         f"got {q.dtype}/{k.dtype}/{v.dtype}, k strides {k.stride()}, "
+                         f"v strides {v.stride()}")
     b, h, t, d = q.shape
     hkv = k.shape[1]
     if spans is None:
