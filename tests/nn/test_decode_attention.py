@@ -124,7 +124,14 @@ def test_a_decoding_step_runs_the_loop_and_nothing_else_does(
     attention(torch.randn(1, 4, 2, 16), k, v, kind="sdpa")
     attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), kind="sdpa")
     attention(q.requires_grad_(), k, v, kind="sdpa")
+    # Shapes the loop does not take go to torch's kernel, not to an error: values of a width
+    # of their own (views of the keys' buffer, with the keys' strides) and a broadcast batch.
+    kv = torch.randn(1, 8, 33, 16)
+    out, _ = attention(q.detach(), kv[:, :4], kv[:, 4:, :, :8], kind="sdpa")
+    assert out.shape == (1, 4, 1, 8)
+    attention(torch.randn(3, 4, 1, 16), k, v, kind="sdpa")
     assert len(calls) == before
+    assert not decode.usable(q.detach(), kv[:, :4, :0], kv[:, 4:, :0])  # no keys
 
 
 def test_what_it_cannot_take_is_refused_in_one_line() -> None:

@@ -93,9 +93,10 @@ def decode_isa() -> str:
 
 
 def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether ``decode_attention`` runs these tensors: float32 on the CPU, unit stride along
-    D, k and v with the same strides in one storage, no gradient being recorded, not under
-    ``torch.compile``, and a library that loaded."""
+    """Whether ``decode_attention`` runs these tensors: float32 on the CPU, k and v of one
+    shape (at least one key, q's batch and head dim), unit stride along D, the same strides
+    in one storage, no gradient being recorded, not under ``torch.compile``, and a library
+    that loaded."""
     if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32
             or not q.is_cpu or not k.is_cpu):
         return False
@@ -103,6 +104,9 @@ def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
         return False
     if torch.compiler.is_compiling():
         return False
+    if (q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0]
+            or q.shape[3] != k.shape[3] or k.shape[2] < 1 or q.shape[1] % k.shape[1]):
+        return False  # broadcast batches, value heads of their own width, no keys
     if q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride():
         return False
     if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
