@@ -7,9 +7,6 @@ leaves attention working where it cannot be built."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +16,7 @@ from hypothesis import strategies as st
 
 from handformer.nn import decode_attention as decode
 from handformer.nn.attention import _manual_attention, attention
+from tests.nn.native_run import run_python
 
 pytestmark = pytest.mark.skipif(decode.decode_status() is not None,
                                 reason=f"the C loop cannot be built here: "
@@ -159,15 +157,6 @@ def test_what_it_cannot_take_is_refused_in_one_line() -> None:
         decode.decode_attention(torch.randn(1, 3, 1, 16), k, v)
     with pytest.raises(ValueError, match="decode attention path 'avx9000'"):
         decode.decode_attention(torch.randn(1, 2, 1, 16), k, v, isa="avx9000")
-
-
-def run_python(code: str, tmp_path: Path, **env: str) -> str:
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    full = {**os.environ, "PYTHONPATH": src, "HANDFORMER_CACHE": str(tmp_path), **env}
-    done = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def test_aten_s_level_caps_the_path_so_the_knob_runs_reach_the_older_ones(

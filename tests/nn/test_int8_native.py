@@ -5,9 +5,6 @@ error bound of the float64 product; and refuses what it cannot read."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ from hypothesis import strategies as st
 from handformer.nn import int8_native
 from handformer.nn.int8_native import ISA_NAMES, native_isa, native_linear, native_status
 from handformer.nn.quantized import Int8Linear
+from tests.nn.native_run import run_python
 
 pytestmark = pytest.mark.skipif(native_status() is not None,
                                 reason=f"the C loop cannot be built here: {native_status()}")
@@ -148,15 +146,6 @@ def test_a_path_the_cpu_lacks_is_refused() -> None:
     with pytest.raises(ValueError, match="int8 kernel path 'avx9000'"):
         native_linear(torch.ones(1, 4), torch.ones(2, 4, dtype=torch.int8), torch.ones(2),
                       isa="avx9000")
-
-
-def run_python(code: str, tmp_path: Path, **env: str) -> str:
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    full = {**os.environ, "PYTHONPATH": src, "HANDFORMER_CACHE": str(tmp_path), **env}
-    done = subprocess.run([sys.executable, "-c", code], env=full, capture_output=True,
-                          text=True, timeout=300, check=False)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 def test_aten_s_level_caps_the_path_so_the_knob_runs_reach_the_older_ones(

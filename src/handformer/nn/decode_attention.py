@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import ctypes
 import math
-import subprocess
-import threading
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-from handformer.nn.native_build import build_library
+from handformer.nn.native_build import NativeLibrary
 
 __all__ = ["DECODE_ISA_NAMES", "decode_attention", "decode_isa", "decode_status", "usable"]
 
@@ -39,56 +37,26 @@ _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
 _I64 = ctypes.c_int64
 
 
-class _Library:
-    """The loaded library (or why there is none), found once per process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._tried = False
-        self.call: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-        self.broken: str | None = None
-        self.best = 0
-        self.default = 0
-
-    def load(self) -> None:
-        if self._tried:
-            return
-        with self._lock:
-            if self._tried:
-                return
-            try:
-                path, _ = build_library("decode_attention.c")
-                lib = ctypes.CDLL(str(path))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-                text = str(err).strip()
-                self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-            else:
-                lib.hf_decode_best_isa.restype = ctypes.c_int
-                lib.hf_decode_best_isa.argtypes = []
-                call = lib.hf_decode_attention
-                call.restype = ctypes.c_int
-                call.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, _I64,
-                                 ctypes.c_void_p, _I64, _I64, _I64, *[ctypes.c_void_p] * 2,
-                                 _I64, _I64, _I64, _I64, ctypes.c_float, ctypes.c_void_p]
-                self.best = int(lib.hf_decode_best_isa())
-                cap = _ATEN_CAP.get(torch.backends.cpu.get_cpu_capability(), 0)
-                self.default = min(self.best, cap)
-                self.call = call
-            self._tried = True
+def _bind(lib: ctypes.CDLL) -> None:
+    call = lib.hf_decode_attention
+    call.restype = ctypes.c_int
+    call.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, _I64, ctypes.c_void_p,
+                     _I64, _I64, _I64, *[ctypes.c_void_p] * 2, _I64, _I64, _I64, _I64,
+                     ctypes.c_float, ctypes.c_void_p]
 
 
-_LIB = _Library()
+_LIB = NativeLibrary("decode_attention.c", "hf_decode_best_isa", _ATEN_CAP, _bind)
 
 
 def decode_status() -> str | None:
     """Why the hand-written decoding attention cannot run in this process, or None (it can)."""
-    _LIB.load()
+    _LIB.lib()
     return _LIB.broken
 
 
 def decode_isa() -> str:
     """The path the kernel takes here by default (the CPU's best, capped by ATen's level)."""
-    _LIB.load()
+    _LIB.lib()
     return DECODE_ISA_NAMES[_LIB.default]
 
 
@@ -111,8 +79,7 @@ def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
         return False
     if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
         return False
-    _LIB.load()
-    return _LIB.call is not None
+    return _LIB.lib() is not None
 
 
 def decode_attention(q: Tensor, k: Tensor, v: Tensor,
@@ -129,8 +96,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
     forces a path (``DECODE_ISA_NAMES``). Attention checks ``usable`` first; a direct
     caller gets ``RuntimeError`` where the library did not load (``decode_status()``).
     """
-    _LIB.load()
-    if _LIB.call is None:
+    lib = _LIB.lib()
+    if lib is None:
         raise RuntimeError(f"the decoding attention kernel is unavailable: {_LIB.broken}")
     if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[::3] != q.shape[::3]:
         raise ValueError(f"decode attention takes q (B, H, T, D) and k, v (B, Hkv, S, D) "
@@ -172,9 +139,9 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
     out = torch.empty(n_seg, h, d)  # (segments, H, D)
     q_bases, bases, counts = (_I64 * n_seg)(*q_base), (_I64 * n_seg)(*base), (_I64 * n_seg)(*keys)
     v_offset = (v.data_ptr() - k.data_ptr()) // 4
-    if _LIB.call(level, q.data_ptr(), q_bases, q.stride(1), k.data_ptr(), v_offset,
-                 k.stride(2), k.stride(1), bases, counts, n_seg, h, hkv, d,
-                 1.0 / math.sqrt(d), out.data_ptr()) != 0:
+    if lib.hf_decode_attention(level, q.data_ptr(), q_bases, q.stride(1), k.data_ptr(),
+                               v_offset, k.stride(2), k.stride(1), bases, counts, n_seg, h,
+                               hkv, d, 1.0 / math.sqrt(d), out.data_ptr()) != 0:
         raise MemoryError(f"decode attention: no memory for the scores of {max(keys)} keys")
     if spans is None:
         return out.view(b, 1, h, d).transpose(1, 2)  # (B, H, 1, D)

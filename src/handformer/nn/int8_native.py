@@ -18,14 +18,11 @@ Where nothing can compile or load it, ``native_status()`` says why and callers f
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import threading
-import time
 
 import torch
 from torch import Tensor
 
-from handformer.nn.native_build import build_library
+from handformer.nn.native_build import NativeLibrary
 
 __all__ = ["ISA_NAMES", "NativeProduct", "native_build_seconds", "native_isa", "native_linear",
            "native_status"]
@@ -34,49 +31,13 @@ ISA_NAMES = ("scalar", "avx2", "avx512", "avx512_vnni")  # the C file's ISA_* va
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # the highest C path each ATen level allows
 
 
-class _Native:
-    """The loaded library (or why there is none), found once per process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lib: ctypes.CDLL | None = None
-        self._tried = False
-        self.broken: str | None = None
-        self.best = 0  # the best ISA_NAMES index this CPU runs
-        self.default = 0  # ... capped by ATen's level: the one taken unless asked otherwise
-        self.seconds = 0.0  # spent compiling the library (0 when it came from the cache)
-
-    def lib(self) -> ctypes.CDLL | None:
-        if not self._tried:
-            with self._lock:
-                if not self._tried:
-                    self._lib = self._load()
-                    self._tried = True
-        return self._lib
-
-    def _load(self) -> ctypes.CDLL | None:
-        t0 = time.perf_counter()
-        try:
-            path, compiled = build_library("int8_kernel.c")
-            lib = ctypes.CDLL(str(path))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-            text = str(err).strip()
-            self.broken = f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-            return None
-        if compiled:
-            self.seconds = time.perf_counter() - t0
-        lib.hf_int8_best_isa.restype = ctypes.c_int
-        lib.hf_int8_best_isa.argtypes = []
-        lib.hf_int8_linear.restype = ctypes.c_int
-        lib.hf_int8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4,
-                                       *[ctypes.c_int64] * 3, ctypes.c_void_p]
-        self.best = int(lib.hf_int8_best_isa())
-        cap = _ATEN_CAP.get(torch.backends.cpu.get_cpu_capability(), 0)
-        self.default = min(self.best, cap)
-        return lib
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.hf_int8_linear.restype = ctypes.c_int
+    lib.hf_int8_linear.argtypes = [ctypes.c_int, *[ctypes.c_void_p] * 4,
+                                   *[ctypes.c_int64] * 3, ctypes.c_void_p]
 
 
-_NATIVE = _Native()
+_NATIVE = NativeLibrary("int8_kernel.c", "hf_int8_best_isa", _ATEN_CAP, _bind)
 
 
 def native_status() -> str | None:
