@@ -100,13 +100,13 @@ def test_a_decoding_step_runs_the_loop_and_nothing_else_does(
     """attention with one query row and no mask runs the loop under sdpa, tiled and auto;
     manual, a mask, a bias, several query rows, bf16 and a recorded gradient do not."""
     calls: list[int] = []
-    real = decode.decode_attention
+    real = decode.attend
 
     def spy(*args: object, **kwargs: object) -> torch.Tensor:
         calls.append(1)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(decode, "decode_attention", spy)
+    monkeypatch.setattr(decode, "attend", spy)
     torch.manual_seed(0)
     k, v = cache_views(1, 4, 40, 33, 16)
     q = torch.randn(1, 4, 1, 16)
@@ -155,6 +155,10 @@ def test_what_it_cannot_take_is_refused_in_one_line() -> None:
         decode.decode_attention(torch.randn(1, 2, 1, 16).double(), k.double(), v.double())
     with pytest.raises(ValueError, match="Hkv dividing H"):
         decode.decode_attention(torch.randn(1, 3, 1, 16), k, v)
+    with pytest.raises(ValueError, match="≥ 1 key column"):
+        decode.decode_attention(torch.randn(1, 2, 1, 16), k[:, :, :0], v[:, :, :0])
+    with pytest.raises(ValueError, match="≥ 1 key per row; got keys"):
+        decode.decode_attention(torch.randn(1, 2, 2, 16), k, v, [(0, 1, 0, 3), (1, 1, 3, 0)])
     with pytest.raises(ValueError, match="decode attention path 'avx9000'"):
         decode.decode_attention(torch.randn(1, 2, 1, 16), k, v, isa="avx9000")
 

@@ -266,7 +266,7 @@ def _run_kernel(
             and not need_weights and dropout_p == 0.0 and decode.usable(q, k, v)):
         # A decoding step (one query row over the cache): the hand-written loop that reads
         # the cache once (``nn.decode_attention``).
-        return decode.decode_attention(q, k, v), None
+        return decode.attend(q, k, v), None
     if kind == "manual" or need_weights:
         out, weights = _manual_attention(q, k, v, mask, dropout_p, is_causal=is_causal,
                                          bias=bias)
@@ -297,7 +297,7 @@ def _attend_each_row(q: Tensor, k: Tensor, v: Tensor, spans: Sequence[tuple[int,
     decoding: Tensor | None = None  # (1, H, n, D): the one-query segments, in order
     if (kind != "manual" and alibi is None and dropout_p == 0.0
             and any(n == 1 for _, n, _, _ in spans) and decode.usable(q, k, v)):
-        decoding = decode.decode_attention(q, k, v, [span for span in spans if span[1] == 1])
+        decoding = decode.attend(q, k, v, [span for span in spans if span[1] == 1])
         if decoding.shape[2] == len(spans):
             return decoding  # (1, H, T, D): every segment was decoding
     pieces, done = [], 0

@@ -30,7 +30,8 @@ from torch import Tensor
 
 from handformer.nn.native_build import NativeLibrary
 
-__all__ = ["DECODE_ISA_NAMES", "decode_attention", "decode_isa", "decode_status", "usable"]
+__all__ = ["DECODE_ISA_NAMES", "attend", "decode_attention", "decode_isa", "decode_status",
+           "usable"]
 
 DECODE_ISA_NAMES = ("scalar", "avx2", "avx512")  # the C file's ISA_* values, in order
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
@@ -60,22 +61,29 @@ def decode_isa() -> str:
     return DECODE_ISA_NAMES[_LIB.default]
 
 
+def _layout_problem(q: Tensor, k: Tensor, v: Tensor) -> str | None:
+    """Which of the loop's conditions on shapes, dtypes and layout these tensors fail —
+    ``"shapes"``, ``"layout"`` or ``"heads"`` — or None. ``usable`` declines by it and
+    ``decode_attention`` refuses by it with a message; a name, not the message, because on
+    attention's path (bf16, a gradient-free GQA view, ...) a declined call is routine."""
+    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[::3] != q.shape[::3]:
+        return "shapes"
+    if (any(x.dtype != torch.float32 or not x.is_cpu or x.stride(-1) != 1 for x in (q, k, v))
+            or k.stride() != v.stride()):
+        return "layout"
+    if k.shape[2] < 1 or q.shape[1] % k.shape[1]:
+        return "heads"
+    return None
+
+
 def usable(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether ``decode_attention`` runs these tensors: float32 on the CPU, k and v of one
-    shape (at least one key, q's batch and head dim), unit stride along D, the same strides
-    in one storage, no gradient being recorded, not under ``torch.compile``, and a library
-    that loaded."""
-    if (q.dtype != torch.float32 or k.dtype != torch.float32 or v.dtype != torch.float32
-            or not q.is_cpu or not k.is_cpu):
-        return False
+    """Whether attention may run these tensors through ``attend``: a layout the loop reads
+    (``_layout_problem``: float32 on the CPU, k and v of one shape with at least one key,
+    q's batch and head dim, unit stride along D, the same strides), k and v in one storage,
+    no gradient being recorded, not under ``torch.compile``, and a library that loaded."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return False
-    if torch.compiler.is_compiling():
-        return False
-    if (q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0]
-            or q.shape[3] != k.shape[3] or k.shape[2] < 1 or q.shape[1] % k.shape[1]):
-        return False  # broadcast batches, value heads of their own width, no keys
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride():
+    if torch.compiler.is_compiling() or _layout_problem(q, k, v) is not None:
         return False
     if k.untyped_storage().data_ptr() != v.untyped_storage().data_ptr():
         return False
@@ -93,22 +101,38 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
     is column ``query``, its keys columns [key start, key start + keys) → (1, H, n, D) for
     n spans, in their order (all of T when they are its every column, one each). The
     output's (B, T|n, H, D) transpose is contiguous, so merging heads costs no copy. ``isa``
-    forces a path (``DECODE_ISA_NAMES``). Attention checks ``usable`` first; a direct
-    caller gets ``RuntimeError`` where the library did not load (``decode_status()``).
+    forces a path (``DECODE_ISA_NAMES``). ``ValueError`` for tensors the loop cannot read;
+    ``RuntimeError`` where the library did not load (``decode_status()``).
     """
     lib = _LIB.lib()
     if lib is None:
         raise RuntimeError(f"the decoding attention kernel is unavailable: {_LIB.broken}")
-    if q.dim() != 4 or k.dim() != 4 or v.shape != k.shape or k.shape[::3] != q.shape[::3]:
+    problem = _layout_problem(q, k, v)
+    if problem == "shapes":
         raise ValueError(f"decode attention takes q (B, H, T, D) and k, v (B, Hkv, S, D) "
                          f"alike; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
-    if (any(x.dtype != torch.float32 or not x.is_cpu or x.stride(-1) != 1 for x in (q, k, v))
-            or k.stride() != v.stride()):
+    if problem == "layout":
         raise ValueError("decode attention takes float32 CPU tensors with unit stride along D, "
                          "k and v with the same strides (see usable()); "
                          f"got {q.dtype}/{k.dtype}/{v.dtype}, k strides {k.stride()}, "
                          f"v strides {v.stride()}")
+    if problem == "heads":
+        raise ValueError(f"decode attention needs ≥ 1 key column and Hkv dividing H; got "
+                         f"{k.shape[2]} columns, H {q.shape[1]}, Hkv {k.shape[1]}")
+    return _attend(lib, q, k, v, spans, isa)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor,
+           spans: Sequence[tuple[int, int, int, int]] | None = None) -> Tensor:
+    """``decode_attention`` for tensors ``usable`` accepted (attention's decoding steps):
+    their layout is not checked again."""
+    return _attend(_LIB.lib(), q, k, v, spans, None)
+
+
+def _attend(lib: ctypes.CDLL, q: Tensor, k: Tensor, v: Tensor,
+            spans: Sequence[tuple[int, int, int, int]] | None, isa: str | None) -> Tensor:
+    """The spans checked and the loop called, on tensors of a layout it reads."""
     b, h, t, d = q.shape
     hkv = k.shape[1]
     if spans is None:
@@ -128,9 +152,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor,
         q_base = [i * q.stride(2) for i, _, _, _ in spans]
         base = [start * k.stride(2) for _, _, start, _ in spans]
         keys = [n for _, _, _, n in spans]
-    if min(keys) < 1 or h % hkv:
-        raise ValueError(f"decode attention needs ≥ 1 key per row and Hkv dividing H; got "
-                         f"keys {keys}, H {h}, Hkv {hkv}")
+    if min(keys) < 1:
+        raise ValueError(f"decode attention needs ≥ 1 key per row; got keys {keys}")
     allowed = DECODE_ISA_NAMES[: _LIB.best + 1]
     level = _LIB.default if isa is None else allowed.index(isa) if isa in allowed else -1
     if level < 0:
