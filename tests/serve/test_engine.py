@@ -147,6 +147,40 @@ def test_cancel_frees_blocks_and_refusals_come_before_any_work() -> None:
     assert request.table == [] and engine.queued == 0
 
 
+@pytest.mark.filterwarnings("ignore::handformer.data.classification.DataWarning")
+def test_a_steps_outputs_are_handed_over_together_at_its_end() -> None:
+    """``deliver`` gets each step's outputs in one call, in order, and nothing reaches a
+    request's ``on_output`` before its step ends; the texts are what each gives alone."""
+    model = tiny_lm()
+    engine = Engine(model, TOKENIZER, num_blocks=30, block_size=4)
+    batches: list[list] = []
+    engine.deliver = batches.append
+    work = prompts(4, seed=5)
+    requests = [Request(TOKENIZER.encode(p), SamplingParams(n, temperature=0.0),
+                        lambda out: pytest.fail("on_output called behind deliver's back"))
+                for p, n in work]
+    for request in requests:
+        engine.submit(request)
+    steps = 0
+    with torch.inference_mode():
+        while engine.has_work():
+            before = len(batches)
+            engine.step()
+            steps += 1
+            assert len(batches) - before <= 1  # at most one hand-over a step
+    assert len(batches) > 1 and steps >= len(batches)
+    for batch in batches:
+        ids = [request.id for request, _ in batch]
+        assert len(ids) == len(set(ids))  # one output per request and step
+    texts = {r.id: "" for r in requests}
+    for batch in batches:
+        for request, out in batch:
+            texts[request.id] += out.text
+    assert [texts[r.id] for r in requests] == [_alone(model, p, n, temperature=0)
+                                               for p, n in work]
+    assert [out.finished for b in batches for r, out in b if r is requests[0]][-1]
+
+
 def test_logits_that_cannot_be_sampled_end_their_requests_not_the_engine() -> None:
     model = tiny_lm()
     with torch.no_grad():

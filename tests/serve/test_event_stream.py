@@ -1,7 +1,6 @@
 """``EventStream`` stops at a client's disconnect however the event loop orders the last
 send and the disconnect — even when every send completes at once (what a closed
-connection's send does under uvicorn) and a plain ``cancel()`` of the streaming task is lost
-(Python 3.11's ``wait_for`` returns the send's result instead of raising it)."""
+connection's send does under uvicorn, so the streaming task never waits on its own)."""
 
 from __future__ import annotations
 

@@ -49,7 +49,14 @@ from handformer.serve.asgi import (
     wait_disconnect,
 )
 from handformer.serve.chat import ChatTemplate, ChatTemplateError
-from handformer.serve.engine import Engine, EngineThread, QueueFullError, RequestTooLargeError
+from handformer.serve.engine import (
+    Engine,
+    EngineThread,
+    Outputs,
+    QueueFullError,
+    RequestTooLargeError,
+    deliver_each,
+)
 from handformer.serve.protocol import (
     SEED_MAX,
     ChatBody,
@@ -89,6 +96,9 @@ class _Job:
 
     def _deliver(self, index: int) -> Callable[[RequestOutput], None]:
         def deliver(out: RequestOutput) -> None:
+            if _running_loop() is self.loop:  # handed over by ``_to_loop``
+                self.queue.put_nowait((index, out))
+                return
             # A closed event loop (RuntimeError) means nobody is listening any more.
             with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, out))
@@ -123,6 +133,24 @@ class _Job:
                 self.engine.cancel(request)
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _to_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Outputs], None]:
+    """``Engine.deliver`` for a server: a step's outputs reach the event loop in one call,
+    which wakes the loop once a step instead of once a token (each wake-up takes the GIL
+    from the engine's thread while it is still stepping)."""
+    def deliver(outputs: Outputs) -> None:
+        # A closed event loop (RuntimeError) means nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(deliver_each, outputs)
+    return deliver
+
+
 def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = True) -> Any:
     """The FastAPI app serving ``engine``; its lifespan starts and stops the engine's thread
     (``run_engine=False``: the caller steps the engine itself)."""
@@ -137,6 +165,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
+        engine.deliver = _to_loop(asyncio.get_running_loop())
         if run_engine:
             worker.start()
         try:
@@ -144,6 +173,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
         finally:
             if run_engine:
                 await asyncio.to_thread(worker.stop)
+            engine.deliver = deliver_each
 
     app = FastAPI(title="handformer", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)

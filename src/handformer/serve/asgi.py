@@ -150,19 +150,39 @@ class EventStream(Response):
         self.status_code, self.background = 200, None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            streaming.cancel()
+
         async def stream() -> None:
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream; charset=utf-8"),
                 (b"cache-control", b"no-cache")]})
-            async for event in self.events:
-                # Checked on every event, not left to ``cancel()`` alone: a cancel that lands
-                # as ``wait_for``'s send completes is lost on Python 3.11, and a send to a
-                # closed connection returns at once, so the stream would run to the end.
-                if watching.done():
-                    return
-                await asyncio.wait_for(send({"type": "http.response.body",
-                                             "body": event.encode(), "more_body": True}),
-                                       self.timeout)
+            try:
+                async for event in self.events:
+                    # Checked on every event, not left to ``cancel()`` alone: a send to a
+                    # closed connection returns at once, so the stream would run to the end.
+                    if watching.done():
+                        return
+                    # One timer per send, not ``asyncio.wait_for`` (a task of its own for
+                    # every event, on the loop the engine's thread shares the GIL with).
+                    timer = loop.call_at(loop.time() + self.timeout, expire)
+                    try:
+                        await send({"type": "http.response.body", "body": event.encode(),
+                                    "more_body": True})
+                    finally:
+                        timer.cancel()
+                    # A turn for the disconnect watcher even when neither the events nor the
+                    # send ever wait (a closed connection's send returns at once).
+                    await asyncio.sleep(0)
+            except asyncio.CancelledError:
+                if expired:  # our timer's cancel, wherever it landed
+                    raise asyncio.TimeoutError() from None
+                raise
             await send({"type": "http.response.body", "body": b""})
 
         watching = asyncio.ensure_future(wait_disconnect(receive))

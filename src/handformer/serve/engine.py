@@ -5,9 +5,12 @@ decoding requests in one forward call — packed one after another into one row,
 reading and writing its own blocks through a ``PagedBatchCache``, the model's own
 ``forward``, so a step reads the weights once — then samples every request whose
 context is complete with ``generate.sample_next`` and *its own* ``torch.Generator``, so a
-seeded request draws the same numbers whatever else is in the batch. New text goes to each
-request's ``on_output`` callback; a request that ends (end-of-text token, stop string,
-``max_tokens``, cancel) leaves the batch and frees its blocks at once.
+seeded request draws the same numbers whatever else is in the batch. A step's new text is
+handed over once, at the step's end: ``Engine.deliver`` gets every (request, output) pair of
+the step in order (by default it calls each request's ``on_output``; a server hands the whole
+batch to its event loop in one call, so the loop wakes once a step, not once a token); a
+request that ends (end-of-text token, stop string, ``max_tokens``, cancel) leaves the batch
+and frees its blocks at once.
 
 ``EngineThread`` runs steps in a thread of its own, so the HTTP side only submits and
 cancels (both thread-safe) and never waits on a forward pass. The engine knows nothing of
@@ -24,6 +27,7 @@ import queue
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,9 +47,18 @@ from handformer.serve.paged import KVPool, PagedBatchCache
 from handformer.serve.request import Request, RequestOutput
 from handformer.serve.scheduler import Scheduler
 
-__all__ = ["Engine", "EngineThread", "QueueFullError", "RequestTooLargeError"]
+__all__ = ["Engine", "EngineThread", "Outputs", "QueueFullError", "RequestTooLargeError"]
+
+Outputs = list[tuple[Request, RequestOutput]]
 
 log = logging.getLogger("handformer.serve")
+
+
+def deliver_each(outputs: Outputs) -> None:
+    """``Engine.deliver``'s default: each output to its request's ``on_output``, in order."""
+    for request, out in outputs:
+        request.on_output(out)
+
 
 class QueueFullError(RuntimeError):
     """The waiting queue holds ``max_waiting`` requests already (HTTP 429)."""
@@ -70,6 +83,8 @@ class Engine:
     ``num_blocks`` × ``block_size`` token slots are allocated up front (default:
     ``default_blocks``); ``MemoryBudgetError`` if they cannot fit.
     ``max_waiting`` bounds the queue (``submit`` raises ``QueueFullError`` past it).
+    ``deliver`` receives each step's outputs, in order, from the thread that steps the
+    engine (default: ``deliver_each``).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, *, num_blocks: int | None = None,
@@ -104,6 +119,8 @@ class Engine:
         self._streams: dict[int, TextStream] = {}
         self._generators: dict[int, torch.Generator] = {}
         self.wake = threading.Event()
+        self._outputs: Outputs = []  # this step's, handed to ``deliver`` at its end
+        self.deliver: Callable[[Outputs], None] = deliver_each
 
     def default_blocks(self, max_batch: int, block_size: int, block_bytes: int) -> int:
         """A full window for each of ``max_batch`` requests, but no more than a quarter of
@@ -194,7 +211,18 @@ class Engine:
 
     def step(self) -> None:
         """One scheduling round: every prefill chunk and every decoding request in one
-        forward call."""
+        forward call; then the round's outputs go to ``deliver`` together."""
+        try:
+            self._step()
+        finally:
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._outputs:
+            outputs, self._outputs = self._outputs, []
+            self.deliver(outputs)
+
+    def _step(self) -> None:
         self._drain_inbox()
         plan = self.scheduler.schedule()
         for request in self.scheduler.running:
@@ -274,7 +302,7 @@ class Engine:
         elif request.generated >= p.max_tokens:
             self._finish(request, "length", text + stream.flush())
         elif text:
-            request.on_output(RequestOutput(text, request.generated))
+            self._outputs.append((request, RequestOutput(text, request.generated)))
 
     def _finish(self, request: Request, reason: str, text: str, *,
                 error: str | None = None) -> None:
@@ -288,12 +316,14 @@ class Engine:
         self._streams.pop(request.id, None)
         self._generators.pop(request.id, None)
         self.metrics.finish(reason)
-        request.on_output(RequestOutput(text, request.generated, True, reason, error))
+        self._outputs.append((request, RequestOutput(text, request.generated, True, reason,
+                                                     error)))
 
     def fail_all(self, message: str) -> None:
         """After an unexpected failure of a step: end every request with ``message``."""
         for request in [*self.scheduler.running, *self.scheduler.waiting]:
             self._finish(request, "error", "", error=message)
+        self._hand_over()
 
 
 class EngineThread:
