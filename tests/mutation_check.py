@@ -480,6 +480,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "a paged batch packed into one row attends over every request's keys at once, with "
         "no mask: each request reads the others' keys and values",
     ),
+    Mutant(
+        "step_outputs_handed_over_twice", "serve/engine.py",
+        "            outputs, self._outputs = self._outputs, []\n",
+        "            outputs = self._outputs\n",
+        ("tests/serve/test_engine.py",),
+        "a step's outputs are never cleared once handed over: every later step hands them "
+        "over again, and clients see their text repeated",
+    ),
+    Mutant(
+        "stream_timeout_taken_for_a_disconnect", "serve/asgi.py",
+        "            expired = True\n",
+        "            expired = False\n",
+        ("tests/serve/test_event_stream.py",),
+        "a send blocked past the client timeout ends the stream as if cancelled: the stalled "
+        "client is dropped without the warning that says why",
+    ),
 )
 
 

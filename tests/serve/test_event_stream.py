@@ -55,3 +55,36 @@ def test_the_stream_ends_at_the_disconnect_and_closes_its_events(yields) -> None
     produced, closed = _stream_until_disconnect(*yields)
     assert closed
     assert produced < 20, f"the stream ran on for {produced} events after the client left"
+
+
+def test_a_send_blocked_past_the_timeout_drops_the_stream_and_closes_its_events(
+        caplog) -> None:
+    closed, made = [False], [0]
+
+    async def events():
+        try:
+            while True:
+                made[0] += 1
+                yield "data: x\n\n"
+        finally:
+            closed[0] = True
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.body":
+            await asyncio.Event().wait()  # a client that reads nothing: the send never ends
+
+    async def receive() -> dict:
+        await asyncio.Event().wait()  # and never hangs up
+        return {"type": "http.disconnect"}
+
+    async def run() -> float:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await EventStream(events(), timeout=0.05)({}, receive, send)
+        return loop.time() - start
+
+    with caplog.at_level("WARNING", logger="handformer.serve"):
+        elapsed = asyncio.run(run())
+    assert closed[0] and made[0] == 1
+    assert 0.05 <= elapsed < 5
+    assert "read nothing for 0.05 s" in caplog.text
