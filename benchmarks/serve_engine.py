@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from handformer.config import PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import _jobs, _make_run  # noqa: E402  (the same requests and model)
@@ -109,7 +111,7 @@ def _scenario(engine: Any, tokenizer: Any, clients: list[list[Any]]) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="medium")
+    parser.add_argument("--preset", default="medium", choices=sorted(PRESETS))
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=4, help="requests per client")
     parser.add_argument("--repeats", type=int, default=3)
@@ -124,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.preset, args.clients, args.requests, args.repeats = "tiny", 4, 2, 1
+    for name in ("clients", "requests", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
     noise = None
     if args.gil_noise is not None:
         try:

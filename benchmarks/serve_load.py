@@ -52,6 +52,8 @@ from typing import Any
 
 import torch
 
+from handformer.config import PRESETS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--run", type=Path, default=None, help="a language-model run folder "
                         "(default: the --preset, randomly initialised)")
-    parser.add_argument("--preset", default="medium")
+    parser.add_argument("--preset", default="medium", choices=sorted(PRESETS))
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=4, help="requests per client")
     parser.add_argument("--repeats", type=int, default=3)
@@ -327,11 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.preset, args.clients, args.requests, args.repeats = "tiny", 4, 2, 1
+    for name in ("clients", "requests", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run or _make_run(args.preset, Path(tmp))
-        from handformer.runs import load_run
+        from handformer.runs import RunFolderError, load_run
 
-        max_len = load_run(run_dir, kind="lm").model.config.max_len
+        try:
+            max_len = load_run(run_dir, kind="lm").model.config.max_len
+        except RunFolderError as err:
+            parser.error(str(err).splitlines()[0])
         jobs = _jobs(args.clients * args.requests, args.seed, max_len, quick=args.quick)
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
