@@ -146,6 +146,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     started = time.time()
     try:
         code, _ = _train(args)
+        if torch_dist.is_available() and torch_dist.is_initialized():
+            # Every rank leaves the group together: a rank that tears its gloo group down
+            # while another still runs (rank 0 printing its sample) can abort at exit.
+            torch_dist.barrier()
         return code
     except (KeyboardInterrupt, Terminated) as err:
         run_dir = args.resume or args.out or Path("runs/default")
