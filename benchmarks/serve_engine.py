@@ -32,7 +32,7 @@ from handformer.config import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_load import _jobs, _make_run  # noqa: E402  (the same requests and model)
+from serve_load import _jobs, _make_run, _settle_load_shape  # noqa: E402  (the same requests and model)
 
 
 class GilNoise:
@@ -124,11 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks/results/serve_engine.json")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.preset, args.clients, args.requests, args.repeats = "tiny", 4, 2, 1
-    for name in ("clients", "requests", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
+    _settle_load_shape(parser, args)
     noise = None
     if args.gil_noise is not None:
         try:

@@ -233,6 +233,15 @@ def _static_summary(walls: list[float | str], jobs: list[Job],
             "tokens_per_s": wanted / statistics.median(walls), "errors": 0, "mixed_up": 0}  # type: ignore[arg-type]
 
 
+def _settle_load_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--quick``'s tiny shape, and one usage line for a count below 1 (both load scripts)."""
+    if args.quick:
+        args.preset, args.clients, args.requests, args.repeats = "tiny", 4, 2, 1
+    for name in ("clients", "requests", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -327,11 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny preset, 4 clients × 2 requests, 1 repeat: seconds")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/serve_load.json")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.preset, args.clients, args.requests, args.repeats = "tiny", 4, 2, 1
-    for name in ("clients", "requests", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
+    _settle_load_shape(parser, args)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.run or _make_run(args.preset, Path(tmp))
         from handformer.runs import RunFolderError, load_run
