@@ -496,6 +496,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a send blocked past the client timeout ends the stream as if cancelled: the stalled "
         "client is dropped without the warning that says why",
     ),
+    Mutant(
+        "worker_exit_skips_exit_handlers", "train/distributed.py",
+        "    atexit._run_exitfuncs()\n",
+        "    pass\n",
+        ("tests/train/test_exit_worker.py",),
+        "a torchrun worker leaves with os._exit before its exit handlers run: log handlers, "
+        "progress bars and writers registered with atexit never finish",
+    ),
 )
 
 

@@ -267,15 +267,15 @@ def test_strategy_is_part_of_the_recipe() -> None:
         TrainConfig(strategy="horovod")
 
 
-def test_other_commands_refuse_to_run_under_torchrun(monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from handformer.cli import main
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr("torch.distributed.elastic.multiprocessing.errors.record",
-                        lambda fn: fn)  # no error file outside a real torchrun
-    assert main(["doctor", "--preset", "tiny"]) == 2
-    assert "only `handformer train` runs under torchrun" in capsys.readouterr().err
+def test_other_commands_refuse_to_run_under_torchrun(tmp_path: Path) -> None:
+    """In a process of its own: under torchrun the command line ends the worker itself
+    (``exit_worker``), so the exit code is the process's."""
+    env = {**_env(), "WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    proc = subprocess.run([sys.executable, "-m", "handformer", "doctor", "--preset", "tiny"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "only `handformer train` runs under torchrun" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 @pytest.mark.slow

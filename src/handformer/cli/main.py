@@ -61,7 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         # torchrun's summary then shows the failing rank's traceback, not just its exit code.
         from torch.distributed.elastic.multiprocessing.errors import record
 
-        return record(_main)(argv)
+        from handformer.train.distributed import exit_worker
+
+        # A worker ends here, without the interpreter's teardown (exit_worker says why).
+        exit_worker(record(_main)(argv))
     return _main(argv)
 
 

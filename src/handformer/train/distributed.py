@@ -25,9 +25,10 @@ import contextlib
 import copy
 import datetime
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -40,6 +41,7 @@ __all__ = [
     "STRATEGIES",
     "DistContext",
     "ParallelModel",
+    "exit_worker",
     "init_distributed",
     "launched_by_torchrun",
     "shard_rows",
@@ -133,6 +135,26 @@ def init_distributed(device: torch.device) -> DistContext:
 def shutdown_distributed(ctx: DistContext) -> None:
     if ctx.is_distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_worker(code: int) -> NoReturn:
+    """End a torchrun worker process now, skipping the interpreter's teardown.
+
+    Once DDP or FSDP has used the gloo group, torch keeps a reference to it past
+    ``destroy_process_group``: its worker and transport threads live until the process ends,
+    and a rank that tears the interpreter and C++ statics down beside them can abort
+    (``terminate called without an active exception``, SIGABRT) after a job that succeeded,
+    which fails the whole torchrun job. So the worker runs its exit handlers (``atexit``: log
+    handlers, progress bars, writers) and flushes its streams itself, then leaves with
+    ``os._exit``, which runs no destructor.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe must not change the exit code
+            stream.flush()
+    os._exit(code)
 
 
 def rank_device(device: torch.device, ctx: DistContext) -> torch.device:
