@@ -504,6 +504,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a torchrun worker leaves with os._exit before its exit handlers run: log handlers, "
         "progress bars and writers registered with atexit never finish",
     ),
+    Mutant(
+        "explore_signal_raised_inside_the_loop", "explore/server.py",
+        "        if threading.current_thread() is threading.main_thread():\n",
+        "        if False:\n",
+        ("tests/explore/test_explore_api.py",),
+        "Ctrl-C raises inside the explorer's serving loop again: it can land while a handler "
+        "thread is being started, a thread nobody joins, and the process aborts at exit",
+    ),
 )
 
 

@@ -1112,11 +1112,13 @@ def test_a_signal_during_generation(sig: int, code: int, fixtures: Fixtures,
     assert _tree(tmp_path) == before
 
 
-def test_ctrl_c_of_a_serving_explorer_under_load_exits_cleanly(fixtures: Fixtures,
-                                                               tmp_path: Path) -> None:
-    """Ctrl-C while requests are being answered: exit 0 and "stopped", never an abort in
-    torch's thread pool ("terminate called without an active exception": a daemon handler
-    thread cut off inside torch at exit), and the run folder untouched (part E)."""
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM],
+                         ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_of_a_serving_explorer_under_load_exits_cleanly(
+        fixtures: Fixtures, tmp_path: Path, stop_signal: signal.Signals) -> None:
+    """Ctrl-C or SIGTERM while requests are being answered: exit 0 and "stopped", never an
+    abort at exit ("terminate called without an active exception": a handler thread cut off
+    inside torch while the interpreter tears down), and the run folder untouched (part E)."""
     import threading
     import urllib.request
 
@@ -1144,7 +1146,7 @@ def test_ctrl_c_of_a_serving_explorer_under_load_exits_cleanly(fixtures: Fixture
             client.start()
         try:
             time.sleep(0.3 + 0.2 * attempt)  # requests in flight
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(stop_signal)
             out, err = proc.communicate(timeout=60)
         finally:  # a failure leaves neither the explorer nor its load running
             stop.set()

@@ -11,7 +11,9 @@ import argparse
 import http.client
 import json
 import math
+import os
 import re
+import signal
 import socket
 import threading
 import time
@@ -563,6 +565,33 @@ def test_refuses_non_loopback_addresses_unless_allowed(lm_dir: Path) -> None:
         assert server.server_address[1] > 0 and not server.check_host_header
     finally:
         server.server_close()
+
+
+def test_a_signal_stops_the_loop_between_requests_and_handlers_come_back(
+        lm_dir: Path) -> None:
+    """While serving, SIGINT and SIGTERM belong to the server: the first one stops the loop
+    (not a ``KeyboardInterrupt`` inside it, which could land while a handler thread is being
+    started), the request before it was answered, and the previous handlers are back after."""
+    server = ExploreServer(Explorer(load_explore_run(lm_dir)), port=0)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    seen: dict[str, Any] = {}
+
+    def probe() -> None:
+        try:
+            with urllib.request.urlopen(server.url + "api/info", timeout=30) as resp:
+                seen["status"] = resp.status
+            seen["installed"] = {s: signal.getsignal(s) is not before[s] for s in before}
+        finally:
+            if all(seen.get("installed", {}).values()):
+                os.kill(os.getpid(), signal.SIGINT)  # only into a handler that is there
+            else:
+                server.shutdown()
+    threading.Thread(target=probe, daemon=True).start()
+
+    assert server.serve_until_stopped() == signal.SIGINT
+    assert seen == {"status": 200, "installed": {signal.SIGINT: True, signal.SIGTERM: True}}
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert server.socket.fileno() == -1  # closed
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

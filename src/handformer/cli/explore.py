@@ -1,8 +1,8 @@
 """``handformer explore --run DIR [--port P] [--host H] [--allow-remote] [--open]``.
 
-Registered into the main parser by ``register(subparsers)``; the handler
-returns an exit code: 0 after Ctrl-C (the way to stop the server), 1 for a run folder that
-does not load or a port it cannot listen on, 2 for a non-loopback ``--host`` without
+Registered into the main parser by ``register(subparsers)``; the handler returns an exit
+code: 0 after Ctrl-C or SIGTERM (the ways to stop the server), 1 for a run folder that does
+not load or a port it cannot listen on, 2 for a non-loopback ``--host`` without
 ``--allow-remote``.
 """
 
@@ -75,9 +75,9 @@ def run_explore(args: argparse.Namespace, *,
     try:
         if on_ready is not None:
             on_ready(server)
-        server.serve_forever()
-    except KeyboardInterrupt:
-        print("handformer explore: stopped", flush=True)
-    finally:
+    except BaseException:
         server.server_close()
+        raise
+    if server.serve_until_stopped() is not None:
+        print("handformer explore: stopped", flush=True)
     return 0

@@ -16,12 +16,14 @@
   half-sent requests do not hold a thread each forever.
 * Up to ``REQUEST_QUEUE`` connections wait to be accepted (the standard library's default,
   5, left a burst of a few hundred page requests unanswered for a minute).
-* Stopping (Ctrl-C, ``shutdown``) lets every request in progress finish and joins its
-  thread: handler threads are not daemons. A daemon thread still inside a torch operation
-  when the interpreter exits is cut off mid-call, and the process then aborts in torch's
-  thread pool ("terminate called without an active exception") instead of exiting 0.
-  Connections that are only waiting for their next request are woken (their reading side
-  shut), so stopping waits for work, never for an idle client.
+* Stopping (Ctrl-C, SIGTERM, ``shutdown``) lets every request in progress finish and joins
+  its thread: handler threads are not daemons. A thread still inside a torch operation when
+  the interpreter tears down is cut off mid-call, and the process then aborts ("terminate
+  called without an active exception") instead of exiting 0. So a signal never raises
+  inside the serving loop (``serve_until_stopped``): it could land while a handler thread is
+  being started, leaving a thread nobody joins. Connections that are only waiting for their
+  next request are woken (their reading side shut), so stopping waits for work, never for an
+  idle client.
 
 Routes::
 
@@ -41,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import signal
 import socket
 import sys
 import threading
@@ -150,6 +153,35 @@ class ExploreServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         shown = f"[{host}]" if ":" in str(host) else str(host)
         return f"http://{shown}:{port}/"
+
+    def serve_until_stopped(self) -> int | None:
+        """Serve until ``shutdown()``, Ctrl-C or SIGTERM, then ``server_close``; return the
+        signal that stopped it (None for ``shutdown()``).
+
+        In the main thread the first SIGINT or SIGTERM asks a helper thread to call
+        ``shutdown()``, so the loop stops between two requests and every handler thread is
+        joined; the previous handlers come back at once, so a second signal interrupts as it
+        would anywhere else (a ``KeyboardInterrupt`` while the requests finish)."""
+        caught: list[int] = []
+        previous: dict[int, Any] = {}
+
+        def stop(signum: int, frame: Any) -> None:
+            caught.append(signum)
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            threading.Thread(target=self.shutdown, name="explore-stop", daemon=True).start()
+
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                previous[number] = signal.signal(number, stop)
+        try:
+            self.serve_forever()
+        finally:
+            if not caught:
+                for number, handler in previous.items():
+                    signal.signal(number, handler)
+            self.server_close()
+        return caught[0] if caught else None
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Last resort for an exception that escaped a handler: a connection that ended (the
