@@ -569,9 +569,11 @@ def test_refuses_non_loopback_addresses_unless_allowed(lm_dir: Path) -> None:
 
 def test_a_signal_stops_the_loop_between_requests_and_handlers_come_back(
         lm_dir: Path) -> None:
-    """While serving, SIGINT and SIGTERM belong to the server: the first one stops the loop
-    (not a ``KeyboardInterrupt`` inside it, which could land while a handler thread is being
-    started), the request before it was answered, and the previous handlers are back after."""
+    """While serving, SIGINT and SIGTERM belong to the server — already when ``on_ready``
+    runs (where the CLI prints the URL a client may then signal by): the first one stops the
+    loop (not a ``KeyboardInterrupt`` inside it, which could land while a handler thread is
+    being started), the request before it was answered, and the previous handlers are back
+    after."""
     server = ExploreServer(Explorer(load_explore_run(lm_dir)), port=0)
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     seen: dict[str, Any] = {}
@@ -586,10 +588,13 @@ def test_a_signal_stops_the_loop_between_requests_and_handlers_come_back(
                 os.kill(os.getpid(), signal.SIGINT)  # only into a handler that is there
             else:
                 server.shutdown()
-    threading.Thread(target=probe, daemon=True).start()
+    def on_ready() -> None:
+        seen["ready"] = {s: signal.getsignal(s) is not before[s] for s in before}
+        threading.Thread(target=probe, daemon=True).start()
 
-    assert server.serve_until_stopped() == signal.SIGINT
-    assert seen == {"status": 200, "installed": {signal.SIGINT: True, signal.SIGTERM: True}}
+    assert server.serve_until_stopped(on_ready) == signal.SIGINT
+    assert seen == {"status": 200, "ready": {signal.SIGINT: True, signal.SIGTERM: True},
+                    "installed": {signal.SIGINT: True, signal.SIGTERM: True}}
     assert {s: signal.getsignal(s) for s in before} == before
     assert server.socket.fileno() == -1  # closed
 

@@ -68,16 +68,15 @@ def run_explore(args: argparse.Namespace, *,
         return report("explore", OSError(
             f"cannot listen on {args.host}:{args.port} ({err}); pick another --port "
             "(0 = any free port)"))
-    print(f"handformer explore: {run.kind} run {run.run_dir} at {server.url}  "
-          "(Ctrl-C to stop)", flush=True)
-    if args.open:
-        webbrowser.open(server.url)
-    try:
+
+    def ready() -> None:
+        print(f"handformer explore: {run.kind} run {run.run_dir} at {server.url}  "
+              "(Ctrl-C to stop)", flush=True)
+        if args.open:
+            webbrowser.open(server.url)
         if on_ready is not None:
             on_ready(server)
-    except BaseException:
-        server.server_close()
-        raise
-    if server.serve_until_stopped() is not None:
+
+    if server.serve_until_stopped(ready) is not None:
         print("handformer explore: stopped", flush=True)
     return 0

@@ -66,6 +66,7 @@ from handformer.explore.payload import (
     get_str_list,
     shown,
 )
+from handformer.signals import handled
 
 __all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "REQUEST_QUEUE", "ExploreServer", "RemoteBindError",
            "check_host", "is_loopback"]
@@ -154,16 +155,18 @@ class ExploreServer(ThreadingHTTPServer):
         shown = f"[{host}]" if ":" in str(host) else str(host)
         return f"http://{shown}:{port}/"
 
-    def serve_until_stopped(self) -> int | None:
+    def serve_until_stopped(self, on_ready: Callable[[], None] | None = None) -> int | None:
         """Serve until ``shutdown()``, Ctrl-C or SIGTERM, then ``server_close``; return the
-        signal that stopped it (None for ``shutdown()``).
+        signal that stopped it (None for ``shutdown()``). ``on_ready()`` runs once the
+        signals are handled, just before serving: a client told the URL there can stop the
+        server the same way from then on.
 
         In the main thread the first SIGINT or SIGTERM asks a helper thread to call
         ``shutdown()``, so the loop stops between two requests and every handler thread is
         joined; the previous handlers come back at once, so a second signal interrupts as it
         would anywhere else (a ``KeyboardInterrupt`` while the requests finish)."""
         caught: list[int] = []
-        previous: dict[int, Any] = {}
+        previous: dict[int, Any] = {}  # filled once all are installed: a signal before keeps ours
 
         def stop(signum: int, frame: Any) -> None:
             caught.append(signum)
@@ -171,15 +174,13 @@ class ExploreServer(ThreadingHTTPServer):
                 signal.signal(number, handler)
             threading.Thread(target=self.shutdown, name="explore-stop", daemon=True).start()
 
-        if threading.current_thread() is threading.main_thread():
-            for number in (signal.SIGINT, signal.SIGTERM):
-                previous[number] = signal.signal(number, stop)
         try:
-            self.serve_forever()
+            with handled(stop, signal.SIGINT, signal.SIGTERM) as installed:
+                previous.update(installed)
+                if on_ready is not None:
+                    on_ready()
+                self.serve_forever()
         finally:
-            if not caught:
-                for number, handler in previous.items():
-                    signal.signal(number, handler)
             self.server_close()
         return caught[0] if caught else None
 
