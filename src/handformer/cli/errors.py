@@ -30,13 +30,13 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import NoReturn
 
 from handformer.cli.common import UsageError
-from handformer.signals import handled
 
 __all__ = [
     "EXIT_ERROR",
@@ -201,8 +201,15 @@ def sigterm_raises() -> Iterator[None]:
     """While inside, SIGTERM raises ``Terminated`` in the main thread (the previous handler
     is restored on the way out). Elsewhere than the main thread, signals cannot be handled
     and nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Terminated()
 
-    with handled(handler, signal.SIGTERM):
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
         yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -66,7 +66,6 @@ from handformer.explore.payload import (
     get_str_list,
     shown,
 )
-from handformer.signals import handled
 
 __all__ = ["IDLE_TIMEOUT_S", "MAX_BODY", "REQUEST_QUEUE", "ExploreServer", "RemoteBindError",
            "check_host", "is_loopback"]
@@ -166,7 +165,7 @@ class ExploreServer(ThreadingHTTPServer):
         joined; the previous handlers come back at once, so a second signal interrupts as it
         would anywhere else (a ``KeyboardInterrupt`` while the requests finish)."""
         caught: list[int] = []
-        previous: dict[int, Any] = {}  # filled once all are installed: a signal before keeps ours
+        previous: dict[int, Any] = {}  # each handler we replaced, once it is replaced
 
         def stop(signum: int, frame: Any) -> None:
             caught.append(signum)
@@ -174,13 +173,16 @@ class ExploreServer(ThreadingHTTPServer):
                 signal.signal(number, handler)
             threading.Thread(target=self.shutdown, name="explore-stop", daemon=True).start()
 
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                previous[number] = signal.signal(number, stop)
         try:
-            with handled(stop, signal.SIGINT, signal.SIGTERM) as installed:
-                previous.update(installed)
-                if on_ready is not None:
-                    on_ready()
-                self.serve_forever()
+            if on_ready is not None:
+                on_ready()
+            self.serve_forever()
         finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
             self.server_close()
         return caught[0] if caught else None
 
