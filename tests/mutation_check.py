@@ -512,6 +512,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "Ctrl-C raises inside the explorer's serving loop again: it can land while a handler "
         "thread is being started, a thread nobody joins, and the process aborts at exit",
     ),
+    Mutant(
+        "explore_stop_helper_not_joined", "explore/server.py",
+        "                    stopper.join()\n",
+        "                    pass\n",
+        ("tests/explore/test_explore_api.py",),
+        "serving returns while the signal's helper thread still holds the server: a daemon "
+        "thread can free the model while the interpreter tears down, and the process aborts",
+    ),
 )
 
 

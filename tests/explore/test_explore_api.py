@@ -599,6 +599,27 @@ def test_a_signal_stops_the_loop_between_requests_and_handlers_come_back(
     assert server.socket.fileno() == -1  # closed
 
 
+def test_the_signal_helper_is_done_with_the_server_when_serving_returns(
+        lm_dir: Path) -> None:
+    """The helper thread that a signal starts holds the server (it calls ``shutdown``);
+    serving returns only once that thread has ended, so the server and its model are freed
+    by the caller, never by a daemon thread still running while the interpreter tears down
+    (cut off inside torch's tensor destructor, the process aborts). ``shutdown`` is slowed
+    here so a helper left running would still be seen."""
+    class SlowToStop(ExploreServer):
+        def shutdown(self) -> None:
+            super().shutdown()
+            time.sleep(0.5)
+
+    server = SlowToStop(Explorer(load_explore_run(lm_dir)), port=0)
+
+    def on_ready() -> None:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+    assert server.serve_until_stopped(on_ready) == signal.SIGTERM
+    assert [t.name for t in threading.enumerate() if t.name == "explore-stop"] == []
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="handformer")
     register(parser.add_subparsers(dest="command", required=True))

@@ -166,12 +166,16 @@ class ExploreServer(ThreadingHTTPServer):
         would anywhere else (a ``KeyboardInterrupt`` while the requests finish)."""
         caught: list[int] = []
         previous: dict[int, Any] = {}  # each handler we replaced, once it is replaced
+        stoppers: list[threading.Thread] = []
+        serving = False
 
         def stop(signum: int, frame: Any) -> None:
             caught.append(signum)
             for number, handler in previous.items():
                 signal.signal(number, handler)
-            threading.Thread(target=self.shutdown, name="explore-stop", daemon=True).start()
+            stopper = threading.Thread(target=self.shutdown, name="explore-stop", daemon=True)
+            stoppers.append(stopper)
+            stopper.start()
 
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGINT, signal.SIGTERM):
@@ -179,10 +183,18 @@ class ExploreServer(ThreadingHTTPServer):
         try:
             if on_ready is not None:
                 on_ready()
+            serving = True
             self.serve_forever()
         finally:
             for number, handler in previous.items():
                 signal.signal(number, handler)
+            if serving:  # shutdown() has returned or is about to: the loop ended
+                for stopper in stoppers:
+                    # Joined, so the helper drops its hold on the server (its target) here
+                    # and not later: a daemon thread that frees the last reference to the
+                    # model while the interpreter tears down is cut off inside torch's
+                    # tensor destructor, and the process aborts.
+                    stopper.join()
             self.server_close()
         return caught[0] if caught else None
 
