@@ -1117,7 +1117,7 @@ def test_a_signal_during_generation(sig: int, code: int, fixtures: Fixtures,
 def test_ctrl_c_of_a_serving_explorer_under_load_exits_cleanly(
         fixtures: Fixtures, tmp_path: Path, stop_signal: signal.Signals) -> None:
     """Ctrl-C or SIGTERM while requests are being answered: exit 0 and "stopped", never an
-    abort at exit ("terminate called without an active exception": a handler thread cut off
+    abort at exit ("terminate called without an active exception": a thread cut off
     inside torch while the interpreter tears down), and the run folder untouched (part E)."""
     import threading
     import urllib.request

@@ -436,6 +436,7 @@ def test_a_burst_of_200_connections_is_queued_and_every_one_answered(lm_dir: Pat
         if thread.is_alive():
             server.shutdown()
         server.server_close()
+        thread.join(timeout=10)  # the thread's hold on the server ends here, not at exit
 
 
 def test_stopping_waits_for_work_not_for_idle_connections(lm_dir: Path) -> None:
@@ -455,6 +456,7 @@ def test_stopping_waits_for_work_not_for_idle_connections(lm_dir: Path) -> None:
         assert idle.recv(1) == b""  # its handler ended and closed the connection
     finally:
         idle.close()
+        thread.join(timeout=10)
 
 
 # -- padded batches ----------------------------------------------------------------------------

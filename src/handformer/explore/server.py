@@ -21,9 +21,10 @@
   the interpreter tears down is cut off mid-call, and the process then aborts ("terminate
   called without an active exception") instead of exiting 0. So a signal never raises
   inside the serving loop (``serve_until_stopped``): it could land while a handler thread is
-  being started, leaving a thread nobody joins. Connections that are only waiting for their
-  next request are woken (their reading side shut), so stopping waits for work, never for an
-  idle client.
+  being started, leaving a thread nobody joins; and the helper thread it starts is joined
+  too, or it could free the server's model itself during that teardown. Connections that
+  are only waiting for their next request are woken (their reading side shut), so stopping
+  waits for work, never for an idle client.
 
 Routes::
 
