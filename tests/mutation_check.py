@@ -520,6 +520,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "serving returns while the signal's helper thread still holds the server: a daemon "
         "thread can free the model while the interpreter tears down, and the process aborts",
     ),
+    Mutant(
+        "serve_on_asyncio_beside_uvloop", "cli/serve.py",
+        '        loop = "uvloop"\n',
+        '        loop = "asyncio"\n',
+        ("tests/serve/test_cli.py",),
+        "handformer serve runs on the standard library's event loop although uvloop is "
+        "installed: every streamed token costs the loop more of the engine's GIL",
+    ),
 )
 
 

@@ -61,6 +61,18 @@ def test_serve_answers_what_generate_prints_and_sigterm_finishes_in_flight(tmp_p
         last = json.loads(events[-2][6:])["choices"][0]
         assert last["finish_reason"] in ("length", "stop")
         assert "Traceback" not in err and "stopped" in err
+        # The test extras install uvicorn's C loop and parser, as handformer[serve] does.
+        assert "; uvloop + httptools" in err.splitlines()[1], err
+
+
+def test_without_the_c_loop_and_parser_uvicorn_serves_on_asyncio_and_h11(monkeypatch) -> None:
+    from handformer.cli.serve import event_loop_and_http
+
+    assert event_loop_and_http() == ("uvloop", "httptools")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # an import that fails
+    assert event_loop_and_http() == ("asyncio", "httptools")
+    monkeypatch.setitem(sys.modules, "httptools", None)
+    assert event_loop_and_http() == ("asyncio", "h11")
 
 
 def test_binding_beyond_loopback_needs_an_api_key(tmp_path) -> None:
