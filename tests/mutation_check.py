@@ -514,8 +514,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "explore_stop_helper_not_joined", "explore/server.py",
-        "                    stopper.join()\n",
-        "                    pass\n",
+        "                        stopper.join()\n",
+        "                        pass\n",
         ("tests/explore/test_explore_api.py",),
         "serving returns while the signal's helper thread still holds the server: a daemon "
         "thread can free the model while the interpreter tears down, and the process aborts",

@@ -194,8 +194,10 @@ class ExploreServer(ThreadingHTTPServer):
                     # Joined, so the helper drops its hold on the server (its target) here
                     # and not later: a daemon thread that frees the last reference to the
                     # model while the interpreter tears down is cut off inside torch's
-                    # tensor destructor, and the process aborts.
-                    stopper.join()
+                    # tensor destructor, and the process aborts. (RuntimeError: a second
+                    # signal cut its start short, and it never ran.)
+                    with contextlib.suppress(RuntimeError):
+                        stopper.join()
             self.server_close()
         return caught[0] if caught else None
 
