@@ -528,6 +528,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "handformer serve runs on the standard library's event loop although uvloop is "
         "installed: every streamed token costs the loop more of the engine's GIL",
     ),
+    Mutant(
+        "packed_row_counts_unbounded", "nn/packed.py",
+        "(p, p if p <= EXACT_ROWS else -(-p // ROW_STEP) * ROW_STEP)",
+        "(p, p)",
+        ("tests/nn/test_packed.py",),
+        "a packed layer hands oneDNN every row count as it comes: the server keeps a kernel "
+        "for each of them per layer shape, and its memory grows with every prefill height",
+    ),
 )
 
 

@@ -8,7 +8,14 @@ import torch
 from torch import nn
 
 import handformer.nn.packed as packed_module
-from handformer.nn.packed import ROWS_PER_CALL, PackedLinear, onednn_packing_available
+from handformer.nn.packed import (
+    EXACT_ROWS,
+    ROW_STEP,
+    ROWS_PER_CALL,
+    PackedLinear,
+    call_rows,
+    onednn_packing_available,
+)
 
 pytestmark = pytest.mark.skipif(not onednn_packing_available(),
                                 reason="this torch build has no oneDNN")
@@ -30,7 +37,8 @@ def test_packed_product_equals_linear_for_random_shapes(seed: int) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * k ** 0.5)
 
 
-def test_tall_inputs_are_multiplied_in_pieces_of_at_most_rows_per_call(monkeypatch) -> None:
+def test_tall_inputs_are_multiplied_in_few_near_equal_pieces_from_a_fixed_set_of_heights(
+        monkeypatch) -> None:
     calls: list[int] = []
     product = packed_module._product
 
@@ -41,11 +49,30 @@ def test_tall_inputs_are_multiplied_in_pieces_of_at_most_rows_per_call(monkeypat
     monkeypatch.setattr(packed_module, "_product", counted)
     linear = nn.Linear(8, 6)
     packed = PackedLinear.from_linear(linear)
-    x = torch.randn(2 * ROWS_PER_CALL + 5, 8)
+    x = torch.randn(2 * ROWS_PER_CALL + 5, 8)  # 133 rows: three pieces of 45, 44, 44
     with torch.inference_mode():
         torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-5)
-        packed(x[:ROWS_PER_CALL])
-    assert calls == [ROWS_PER_CALL, ROWS_PER_CALL, 5, ROWS_PER_CALL]
+        for rows in (ROWS_PER_CALL, ROWS_PER_CALL + 1, EXACT_ROWS, EXACT_ROWS + 1, 3):
+            torch.testing.assert_close(packed(x[:rows]), linear(x[:rows]), rtol=1e-5,
+                                       atol=1e-5)
+    # 45 rows are handed over as 48 (the three zero rows dropped from the product); a
+    # decoding step's batch (up to EXACT_ROWS) as it is; 65 rows as 33 (padded) + 32.
+    assert calls == [48, 44, 44, ROWS_PER_CALL, 36, 32, EXACT_ROWS, 20, 3]
+
+
+def test_every_row_count_is_split_into_at_most_a_few_dozen_kernel_heights() -> None:
+    heights: set[int] = set()
+    for rows in range(1, 40 * ROWS_PER_CALL):
+        calls = call_rows(rows)
+        assert sum(taken for taken, _ in calls) == rows
+        assert len(calls) == -(-rows // ROWS_PER_CALL)  # as few calls as the cap allows
+        assert max(t for t, _ in calls) - min(t for t, _ in calls) <= 1  # near-equal
+        for taken, height in calls:
+            assert taken <= height <= ROWS_PER_CALL
+            assert height == taken if taken <= EXACT_ROWS else (
+                height % ROW_STEP == 0 and height - taken < ROW_STEP)
+            heights.add(height)
+    assert len(heights) == EXACT_ROWS + (ROWS_PER_CALL - EXACT_ROWS) // ROW_STEP
 
 
 def test_a_non_contiguous_input_gives_the_same_rows() -> None:

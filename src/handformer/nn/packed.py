@@ -16,10 +16,14 @@ match ``nn.Linear``'s to float32 rounding, not bit for bit.
 
 oneDNN compiles a kernel for every row count it is given and keeps it (a fraction of a
 megabyte each, whatever the weight's size). A server's steps meet every row count from 1 to
-its step's size, so an input of more than ``ROWS_PER_CALL`` rows is multiplied in pieces of
-at most that many: the kernels kept stay bounded by ``ROWS_PER_CALL`` per layer shape. A piece
-that tall already does enough arithmetic per weight byte to be bound by arithmetic, not by
-reading the weight again, so the pieces cost no more than one call would.
+far past its batch (prompts are prefilled beside running requests), so the row counts a
+layer hands to oneDNN come from a fixed set: up to ``EXACT_ROWS`` as they are (a decoding
+step's batch), above that rounded up to a multiple of ``ROW_STEP`` with rows of zeros that
+are multiplied and dropped, and inputs taller than ``ROWS_PER_CALL`` split into pieces of
+near-equal height. That keeps at most ``EXACT_ROWS + (ROWS_PER_CALL - EXACT_ROWS) //
+ROW_STEP`` kernels per layer shape. Each piece reads the whole weight, so pieces are few and
+as tall as that bound allows: one call of 45 rows costs less than 32 rows and then 13, and
+a few zero rows cost less than another pass over the weight.
 """
 
 from __future__ import annotations
@@ -27,9 +31,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["ROWS_PER_CALL", "PackedLinear", "onednn_packing_available"]
+__all__ = ["EXACT_ROWS", "ROWS_PER_CALL", "ROW_STEP", "PackedLinear", "call_rows",
+           "onednn_packing_available"]
 
-ROWS_PER_CALL = 32
+ROWS_PER_CALL = 64
+EXACT_ROWS = 16
+ROW_STEP = 4
+
+
+def call_rows(rows: int) -> list[tuple[int, int]]:
+    """How ``rows`` input rows are multiplied: a list of (rows taken, rows handed to oneDNN)
+    per call — near-equal pieces of at most ``ROWS_PER_CALL``, each padded from above
+    ``EXACT_ROWS`` up to a multiple of ``ROW_STEP``."""
+    calls = -(-rows // ROWS_PER_CALL)  # ceil
+    base, extra = divmod(rows, calls) if calls else (0, 0)
+    pieces = [base + 1] * extra + [base] * (calls - extra)
+    return [(p, p if p <= EXACT_ROWS else -(-p // ROW_STEP) * ROW_STEP) for p in pieces]
 
 
 def _product(rows: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
@@ -83,11 +100,16 @@ class PackedLinear(nn.Module):
         m, packed, bias = rows.shape[0], self._packed, self._buffers["bias"]
         if m == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features)
-        if m <= ROWS_PER_CALL:
-            y = _product(rows, packed, bias)  # (M, N)
-        else:
-            y = torch.cat([_product(rows[i : i + ROWS_PER_CALL], packed, bias)
-                           for i in range(0, m, ROWS_PER_CALL)])  # (M, N)
+        if m <= EXACT_ROWS:  # a decoding step's batch: one call, as it is
+            return _product(rows, packed, bias).view(*x.shape[:-1], self.out_features)
+        pieces, start = [], 0
+        for taken, height in call_rows(m):
+            piece = rows[start : start + taken]  # (taken, K)
+            if height > taken:  # zero rows up to a kernel oneDNN already has
+                piece = torch.cat([piece, piece.new_zeros(height - taken, k)])  # (height, K)
+            pieces.append(_product(piece, packed, bias)[:taken])  # (taken, N)
+            start += taken
+        y = pieces[0] if len(pieces) == 1 else torch.cat(pieces)  # (M, N)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
