@@ -17,13 +17,14 @@ match ``nn.Linear``'s to float32 rounding, not bit for bit.
 oneDNN compiles a kernel for every row count it is given and keeps it (a fraction of a
 megabyte each, whatever the weight's size). A server's steps meet every row count from 1 to
 far past its batch (prompts are prefilled beside running requests), so the row counts a
-layer hands to oneDNN come from a fixed set: up to ``EXACT_ROWS`` as they are (a decoding
-step's batch), above that rounded up to a multiple of ``ROW_STEP`` with rows of zeros that
-are multiplied and dropped, and inputs taller than ``ROWS_PER_CALL`` split into pieces of
-near-equal height. That keeps at most ``EXACT_ROWS + (ROWS_PER_CALL - EXACT_ROWS) //
-ROW_STEP`` kernels per layer shape. Each piece reads the whole weight, so pieces are few and
-as tall as that bound allows: one call of 45 rows costs less than 32 rows and then 13, and
-a few zero rows cost less than another pass over the weight.
+layer hands to oneDNN come from a fixed set: up to ``EXACT_ROWS`` as they are (the decoding
+steps of a small batch, where a zero row would cost the most), above that rounded up to a
+multiple of ``ROW_STEP`` with rows of zeros that are multiplied and dropped, and inputs
+taller than ``ROWS_PER_CALL`` split into pieces of near-equal height. That keeps at most
+``EXACT_ROWS + (ROWS_PER_CALL - EXACT_ROWS) // ROW_STEP`` kernels per layer shape. Each
+piece reads the whole weight, so pieces are few and as tall as that bound allows: one call
+of 45 rows costs less than 32 rows and then 13, and a few zero rows cost less than another
+pass over the weight.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class PackedLinear(nn.Module):
         m, packed, bias = rows.shape[0], self._packed, self._buffers["bias"]
         if m == 0:
             return x.new_zeros(*x.shape[:-1], self.out_features)
-        if m <= EXACT_ROWS:  # a decoding step's batch: one call, as it is
+        if m <= EXACT_ROWS:  # one call, as it is
             return _product(rows, packed, bias).view(*x.shape[:-1], self.out_features)
         pieces, start = [], 0
         for taken, height in call_rows(m):
