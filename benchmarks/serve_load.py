@@ -249,6 +249,17 @@ def _free_port() -> int:
 
 
 def _peak_rss_mib(pid: int) -> float | None:
+    """The server's peak resident memory: its own and its engine process's (``VmHWM`` of
+    each, summed: an upper bound, as the two peaks need not coincide)."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        children = []
+    peaks = [_own_peak_mib(p) for p in (pid, *map(int, children))]
+    return None if peaks[0] is None else sum(p or 0.0 for p in peaks)
+
+
+def _own_peak_mib(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):

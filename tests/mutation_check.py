@@ -529,6 +529,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "installed: every streamed token costs the loop more of the engine's GIL",
     ),
     Mutant(
+        "engine_process_queue_never_empties", "serve/process.py",
+        "            self._unanswered.discard(request_id)\n",
+        "            pass\n",
+        ("tests/serve/test_process.py",),
+        "the server counts every request it ever sent as waiting: once max_waiting requests "
+        "were answered, every later one is refused with 429",
+    ),
+    Mutant(
+        "engine_process_deaf_while_draining", "serve/process.py",
+        "            worker.stop(0, drain=message[1])",
+        "            worker.stop(drain=message[1])",
+        ("tests/serve/test_process.py",),
+        "the engine's process stops reading commands while it finishes its requests: a client "
+        "that leaves during a graceful shutdown is never cancelled, and the shutdown waits "
+        "for its last token",
+    ),
+    Mutant(
         "packed_row_counts_unbounded", "nn/packed.py",
         "(p, p if p <= EXACT_ROWS else -(-p // ROW_STEP) * ROW_STEP)",
         "(p, p)",

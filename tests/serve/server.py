@@ -1,5 +1,6 @@
-"""Servers for the HTTP tests: ``serving`` runs an engine's app in-process (uvicorn in a
-thread, on a port of its own); ``running_server`` starts a real ``handformer serve`` process
+"""Servers for the HTTP tests: ``serving`` runs a model's app in-process (uvicorn in a
+thread, on a port of its own; the engine in a process of its own, as ``handformer serve``
+runs it); ``running_server`` starts a real ``handformer serve`` process
 on a free loopback port, waits for ``/health`` and always stops it."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from handformer.serve.engine import Engine
 
@@ -22,38 +24,52 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(
     Path(__file__).resolve().parents[2] / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
+def engine_of(model: Any, tokenizer: Any, engine: dict[str, Any]) -> tuple[Engine, dict]:
+    """``EngineProcess``'s build for the tests: ``model`` (pickled over to the engine's
+    process, so it is the very same weights) served with ``tokenizer``."""
+    return Engine(model, tokenizer, **engine), {}
+
+
 @contextmanager
-def serving(engine: Engine, *, send_buffer: int | None = None, run_engine: bool = True,
+def serving(model: Any, tokenizer: Any, *, engine: dict[str, Any] | None = None,
+            send_buffer: int | None = None, run_engine: bool = True,
             **settings) -> Iterator[str]:
-    """Serve ``engine`` on 127.0.0.1 and yield its base URL; stop it on the way out.
+    """Serve ``model`` on 127.0.0.1 — its engine (``Engine(model, tokenizer, **engine)``) in
+    a process of its own, uvicorn in a thread — and yield the base URL; stop both on the way
+    out. ``run_engine=False``: the engine takes requests but never steps them.
     ``send_buffer`` shrinks the kernel's send buffer of every connection (inherited from the
     listening socket), so a client that stops reading blocks the server within kilobytes."""
     import uvicorn
 
     from handformer.serve.app import ServeSettings, create_app
+    from handformer.serve.process import EngineProcess
 
-    app = create_app(engine, ServeSettings(**{"model_name": "tiny", **settings}),
-                     run_engine=run_engine)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if send_buffer is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=10))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
+    process = EngineProcess(engine_of, model, tokenizer, engine or {})
+    process.start(step=run_engine)
     try:
-        yield f"http://127.0.0.1:{port}"
+        app = create_app(process, ServeSettings(**{"model_name": "tiny", **settings}))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if send_buffer is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                               timeout_graceful_shutdown=10))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(30)
+            sock.close()
     finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+        process.stop(30, drain=False)
 
 
 def metrics(base: str) -> dict[str, float]:

@@ -17,7 +17,6 @@ from handformer.config import ModelConfig  # noqa: E402
 from handformer.generate import generate_text  # noqa: E402
 from handformer.models.decoder_lm import DecoderLM  # noqa: E402
 from handformer.serve.chat import ChatTemplate, ChatTemplateError  # noqa: E402
-from handformer.serve.engine import Engine  # noqa: E402
 from handformer.tokenizers import BPETokenizer  # noqa: E402
 from tests.serve.server import serving  # noqa: E402
 
@@ -67,8 +66,8 @@ def test_chat_completions_answer_what_the_rendered_prompt_generates(tokenizer) -
                                   positional="rope")).eval()
     rendered = ChatTemplate.for_tokenizer(TEMPLATE, tokenizer).render(MESSAGES)
     expected = generate_text(model, tokenizer, rendered, 12, temperature=0)[0]
-    engine = Engine(model, tokenizer, num_blocks=32, block_size=8)
-    with serving(engine, chat_template=TEMPLATE) as url:
+    with serving(model, tokenizer, engine=dict(num_blocks=32, block_size=8),
+                 chat_template=TEMPLATE) as url:
         async def main() -> tuple[str, str, openai.types.CompletionUsage]:
             async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none",
                                           max_retries=0) as client:

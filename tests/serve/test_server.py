@@ -19,7 +19,6 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from handformer.generate import generate_text  # noqa: E402
-from handformer.serve.engine import Engine  # noqa: E402
 from tests.serve.helpers import ENDLESS, prompts, tiny_lm  # noqa: E402
 from tests.serve.server import metrics, serving, wait_for  # noqa: E402
 
@@ -53,10 +52,9 @@ def base(model, expected):
     # 24 blocks × 4 = 96 token slots (one window) for 36 requests of up to 59 tokens:
     # preemption is certain. A small send buffer makes a client that stops reading block the
     # server within kilobytes.
-    engine = Engine(model, ENDLESS, num_blocks=24, block_size=4, max_batch=12,
-                    prefill_chunk=8, step_tokens=16)
-    with serving(engine, api_key=KEY, client_timeout=2.0, send_buffer=4096,
-                 max_body_bytes=1 << 20) as url:
+    engine = dict(num_blocks=24, block_size=4, max_batch=12, prefill_chunk=8, step_tokens=16)
+    with serving(model, ENDLESS, engine=engine, api_key=KEY, client_timeout=2.0,
+                 send_buffer=4096, max_body_bytes=1 << 20) as url:
         yield url
 
 
@@ -249,9 +247,9 @@ def test_a_body_that_stops_arriving_is_408(base) -> None:
 
 
 def test_too_large_requests_are_400_and_a_full_queue_429_before_any_work(model) -> None:
-    engine = Engine(model, ENDLESS, num_blocks=8, block_size=4, max_waiting=1)
     # The engine is not stepped: the first request waits in the queue, the second finds it full.
-    with serving(engine, run_engine=False, client_timeout=5.0) as url:
+    with serving(model, ENDLESS, engine=dict(num_blocks=8, block_size=4, max_waiting=1),
+                 run_engine=False, client_timeout=5.0) as url:
         # 20 prompt tokens + 20 new ones need up to 39 cached tokens; the pool holds 32.
         huge = httpx.post(f"{url}/v1/completions", json={
             "model": "tiny", "prompt": "a" * 20, "max_tokens": 20})

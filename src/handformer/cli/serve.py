@@ -20,7 +20,7 @@ from handformer.cli.common import (
     reporting,
 )
 
-__all__ = ["register", "run_serve"]
+__all__ = ["build_engine", "register", "run_serve"]
 
 
 def register(sub: Any) -> None:
@@ -81,6 +81,22 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def build_engine(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """In the engine's process (``serve.process``): the run loaded as ``--dtype``,
+    ``--quantize`` and ``--matmul`` ask, on ``--threads`` threads, and its ``Engine``; with
+    what the HTTP side needs of the run (its chat template)."""
+    import torch
+
+    from handformer.serve.engine import Engine
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer, config = _load(args)
+    engine = Engine(model, tokenizer, num_blocks=args.kv_blocks, block_size=args.block_size,
+                    max_batch=args.max_batch, max_waiting=args.max_waiting,
+                    step_tokens=args.step_tokens, prefill_chunk=args.prefill_chunk)
+    return engine, {"chat_template": config.get("chat_template")}
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
@@ -156,7 +172,7 @@ class _Server:
     cancelled tasks' tracebacks that uvicorn's own forced exit prints."""
 
     @staticmethod
-    def make(config: Any, worker: Any) -> Any:
+    def make(config: Any, engine: Any) -> Any:
         import contextlib
         import os
         import signal
@@ -174,7 +190,7 @@ class _Server:
 
             def handle_exit(self, sig: int, frame: Any) -> None:
                 if self.should_exit and sig == signal.SIGINT:
-                    worker.stop(10, drain=False)
+                    engine.kill()
                     print("handformer serve: interrupted; requests in flight were dropped",
                           file=sys.stderr, flush=True)
                     os._exit(130)
@@ -196,35 +212,34 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ImportError(f"handformer serve needs FastAPI and uvicorn: pip install "
                           f"'handformer[serve]' ({err})") from None
-    from handformer.serve.engine import Engine
+    from handformer.serve.process import EngineProcess
 
-    model, tokenizer, config = _load(args)
-    engine = Engine(model, tokenizer, num_blocks=args.kv_blocks, block_size=args.block_size,
-                    max_batch=args.max_batch, max_waiting=args.max_waiting,
-                    step_tokens=args.step_tokens, prefill_chunk=args.prefill_chunk)
-    name = args.model_name or Path(args.run).resolve().name
-    settings = ServeSettings(model_name=name, api_key=args.api_key,
-                             max_body_bytes=args.max_body_bytes,
-                             client_timeout=args.client_timeout,
-                             chat_template=config.get("chat_template"))
-    app = create_app(engine, settings)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    blocks = engine.blocks
-    loop, http = event_loop_and_http()
-    print(f"handformer serve: {name} on http://{args.host}:{args.port} — KV pool "
-          f"{blocks.num_blocks} blocks × {blocks.block_size} tokens "
-          f"({engine.pool.nbytes() / 2**20:.1f} MiB), up to {args.max_batch} requests at "
-          f"once{'; chat on' if settings.chat_template else ''}; {loop} + {http}",
-          file=sys.stderr, flush=True)
-    server = _Server.make(uvicorn.Config(
-        app, host=args.host, port=args.port, loop=loop, http=http, log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=max(1, round(args.shutdown_timeout)), lifespan="on"),
-        app.worker)
+    # The options only (the handler is a closure): they travel to the engine's process.
+    options = argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "handler"})
+    engine = EngineProcess(build_engine, options)
+    info = engine.start()
     try:
+        name = args.model_name or Path(args.run).resolve().name
+        settings = ServeSettings(model_name=name, api_key=args.api_key,
+                                 max_body_bytes=args.max_body_bytes,
+                                 client_timeout=args.client_timeout,
+                                 chat_template=info.extra.get("chat_template"))
+        app = create_app(engine, settings)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+        loop, http = event_loop_and_http()
+        print(f"handformer serve: {name} on http://{args.host}:{args.port} — KV pool "
+              f"{info.num_blocks} blocks × {info.block_size} tokens "
+              f"({info.pool_bytes / 2**20:.1f} MiB), up to {args.max_batch} requests at "
+              f"once{'; chat on' if settings.chat_template else ''}; {loop} + {http}",
+              file=sys.stderr, flush=True)
+        server = _Server.make(uvicorn.Config(
+            app, host=args.host, port=args.port, loop=loop, http=http, log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, round(args.shutdown_timeout)), lifespan="on"),
+            engine)
         server.run()
     finally:
         # A second Ctrl-C skips uvicorn's shutdown (and so the app's): stop the engine here.
-        app.worker.stop(30, drain=False)
+        engine.stop(30, drain=False)
     print("handformer serve: stopped", file=sys.stderr, flush=True)
     return 0

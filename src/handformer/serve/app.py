@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API over an ``Engine``: FastAPI routes, nothing of the model.
+"""The OpenAI-compatible HTTP API over an engine in its own process (``EngineProcess``):
+FastAPI routes, nothing of the model.
 
 Needs the ``serve`` extra (FastAPI, uvicorn); nothing else in the package imports this module.
 
@@ -24,7 +25,6 @@ seconds. Streams are server-sent events, ``data: {chunk}`` lines ending in ``dat
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import secrets
@@ -49,14 +49,8 @@ from handformer.serve.asgi import (
     wait_disconnect,
 )
 from handformer.serve.chat import ChatTemplate, ChatTemplateError
-from handformer.serve.engine import (
-    Engine,
-    EngineThread,
-    Outputs,
-    QueueFullError,
-    RequestTooLargeError,
-    deliver_each,
-)
+from handformer.serve.engine import QueueFullError, RequestTooLargeError
+from handformer.serve.process import EngineGoneError, EngineProcess
 from handformer.serve.protocol import (
     SEED_MAX,
     ChatBody,
@@ -86,22 +80,17 @@ class ServeSettings:
 
 class _Job:
     """The engine requests behind one HTTP request (prompts × n choices), and the asyncio
-    queue their outputs arrive on from the engine's thread."""
+    queue their outputs arrive on (``EngineProcess`` hands them over on the event loop)."""
 
-    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
-        self.engine, self.loop = engine, loop
+    def __init__(self, engine: EngineProcess) -> None:
+        self.engine = engine
         self.queue: asyncio.Queue[tuple[int, RequestOutput]] = asyncio.Queue()
         self.requests: list[Request] = []
         self.open = 0
 
     def _deliver(self, index: int) -> Callable[[RequestOutput], None]:
         def deliver(out: RequestOutput) -> None:
-            if _running_loop() is self.loop:  # handed over by ``_to_loop``
-                self.queue.put_nowait((index, out))
-                return
-            # A closed event loop (RuntimeError) means nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, out))
+            self.queue.put_nowait((index, out))
         return deliver
 
     def submit(self, prompts: list[list[int]], params: list[SamplingParams],
@@ -114,9 +103,12 @@ class _Job:
                 self.engine.submit(request)
             except QueueFullError as err:
                 self.close()
-                self.engine.metrics.reject("queue_full")
+                self.engine.reject("queue_full")
                 raise ApiError(429, str(err), code="rate_limit_exceeded",
                                headers={"Retry-After": str(retry_after)}) from None
+            except EngineGoneError as err:
+                self.close()
+                raise ApiError(500, f"the server cannot generate: {err}") from None
             self.requests.append(request)
         self.open = len(self.requests)
 
@@ -133,31 +125,13 @@ class _Job:
                 self.engine.cancel(request)
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
-def _to_loop(loop: asyncio.AbstractEventLoop) -> Callable[[Outputs], None]:
-    """``Engine.deliver`` for a server: a step's outputs reach the event loop in one call,
-    which wakes the loop once a step instead of once a token (each wake-up takes the GIL
-    from the engine's thread while it is still stepping)."""
-    def deliver(outputs: Outputs) -> None:
-        # A closed event loop (RuntimeError) means nobody is listening any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(deliver_each, outputs)
-    return deliver
-
-
-def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = True) -> Any:
-    """The FastAPI app serving ``engine``; its lifespan starts and stops the engine's thread
-    (``run_engine=False``: the caller steps the engine itself)."""
+def create_app(engine: EngineProcess, settings: ServeSettings) -> Any:
+    """The FastAPI app serving ``engine`` (started: its tokenizer is known); the app's
+    lifespan reads the engine's outputs on the server's event loop and, at its end, stops the
+    engine once the requests in flight are done."""
     uvicorn_log = logging.getLogger("uvicorn.error")
     if not any(isinstance(f, DroppedStreamFilter) for f in uvicorn_log.filters):
         uvicorn_log.addFilter(DroppedStreamFilter())
-    worker = EngineThread(engine)
     template = None
     if settings.chat_template is not None:
         template = ChatTemplate.for_tokenizer(settings.chat_template, engine.tokenizer)
@@ -165,15 +139,11 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        engine.deliver = _to_loop(asyncio.get_running_loop())
-        if run_engine:
-            worker.start()
+        engine.attach(asyncio.get_running_loop())
         try:
             yield
         finally:
-            if run_engine:
-                await asyncio.to_thread(worker.stop)
-            engine.deliver = deliver_each
+            await asyncio.to_thread(engine.stop)
 
     app = FastAPI(title="handformer", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -241,13 +211,13 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
     async def run_job(request: HttpRequest, prompts: list[list[int]],
                       params: list[SamplingParams], *, n: int, stream: bool, usage: bool,
                       kind: str) -> Any:
-        job = _Job(engine, asyncio.get_running_loop())
+        job = _Job(engine)
         every_prompt = [p for p in prompts for _ in range(n)]
         every_param = [p for _ in prompts for p in params]
         try:
             job.submit(every_prompt, every_param, settings.retry_after_s)
         except RequestTooLargeError as err:
-            engine.metrics.reject("too_large")
+            engine.reject("too_large")
             raise ApiError(400, str(err), param="max_tokens",
                            code="context_length_exceeded") from None
         meta = {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
@@ -294,8 +264,11 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
 
     @app.get("/metrics")
     async def metrics() -> Any:
-        return PlainTextResponse(engine.metrics.render(engine.gauges(), engine.counters()),
-                                 media_type="text/plain; version=0.0.4")
+        try:
+            text = await engine.metrics_text()
+        except (EngineGoneError, TimeoutError) as err:
+            return answer(ApiError(500, f"the engine did not answer: {err}"))
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models(request: HttpRequest) -> Any:
@@ -359,7 +332,7 @@ def create_app(engine: Engine, settings: ServeSettings, *, run_engine: bool = Tr
         except ApiError as err:
             return answer(err)
 
-    return Guard(app, settings.max_body_bytes, settings.client_timeout, worker)
+    return Guard(app, settings.max_body_bytes, settings.client_timeout)
 
 
 def _prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> list[list[int]]:

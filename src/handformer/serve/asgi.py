@@ -24,7 +24,6 @@ from typing import Any, ClassVar
 
 from starlette.responses import Response
 
-from handformer.serve.engine import EngineThread
 from handformer.serve.protocol import error_body
 
 __all__ = ["ApiError", "DroppedStreamFilter", "EventStream", "Guard", "sse", "wait_disconnect"]
@@ -75,10 +74,8 @@ class Guard:
     reading, or while reading a chunked body), a body that stops arriving (408), and any
     exception no route handled (500, one log line, never a traceback)."""
 
-    def __init__(self, app: Any, max_body: int, timeout: float,
-                 worker: EngineThread | None = None) -> None:
+    def __init__(self, app: Any, max_body: int, timeout: float) -> None:
         self.app, self.max_body, self.timeout = app, max_body, timeout
-        self.worker = worker  # the engine's thread, for whoever runs the server to stop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

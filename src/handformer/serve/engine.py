@@ -12,9 +12,9 @@ batch to its event loop in one call, so the loop wakes once a step, not once a t
 request that ends (end-of-text token, stop string, ``max_tokens``, cancel) leaves the batch
 and frees its blocks at once.
 
-``EngineThread`` runs steps in a thread of its own, so the HTTP side only submits and
-cancels (both thread-safe) and never waits on a forward pass. The engine knows nothing of
-HTTP.
+``EngineThread`` runs steps in a thread of its own, so whoever owns the engine only submits
+and cancels (both thread-safe) and never waits on a forward pass; the server runs both in a
+process of their own (``serve.process``). The engine knows nothing of HTTP.
 
 Shape legend: ``B`` requests in a forward call, ``T`` new tokens of all of them, ``V``
 vocabulary.
@@ -45,9 +45,10 @@ from handformer.serve.detokenize import TextStream
 from handformer.serve.metrics import ServerMetrics
 from handformer.serve.paged import KVPool, PagedBatchCache
 from handformer.serve.request import Request, RequestOutput
-from handformer.serve.scheduler import Scheduler
+from handformer.serve.scheduler import Scheduler, max_cached
 
-__all__ = ["Engine", "EngineThread", "Outputs", "QueueFullError", "RequestTooLargeError"]
+__all__ = ["Engine", "EngineThread", "Outputs", "QueueFullError", "RequestTooLargeError",
+           "check_request_fits"]
 
 Outputs = list[tuple[Request, RequestOutput]]
 
@@ -66,6 +67,20 @@ class QueueFullError(RuntimeError):
 
 class RequestTooLargeError(ValueError):
     """A request whose prompt and ``max_tokens`` can never fit the KV pool (HTTP 400)."""
+
+
+def check_request_fits(prompt_len: int, max_tokens: int, *, max_len: int, block_size: int,
+                       num_blocks: int) -> None:
+    """``RequestTooLargeError`` when a request's prompt and ``max_tokens`` could never be held
+    by a pool of ``num_blocks`` × ``block_size`` slots (a context holds at most one window)."""
+    tokens = max_cached(prompt_len, max_tokens, max_len)
+    need = blocks_for(tokens, block_size)
+    if need > num_blocks:
+        raise RequestTooLargeError(
+            f"this request can never fit the KV pool: its prompt ({prompt_len} tokens) "
+            f"and max_tokens ({max_tokens}) need up to {tokens} cached tokens = {need} "
+            f"blocks of {block_size}, and the pool has {num_blocks}; send a shorter prompt "
+            "or fewer max_tokens")
 
 
 def _float_dtype(model: nn.Module) -> torch.dtype:
@@ -135,14 +150,9 @@ class Engine:
     # -- the owner's side (any thread) ---------------------------------------------------
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         """``RequestTooLargeError`` when a request could never be held by the pool."""
-        tokens = self.scheduler.max_cached(prompt_len, max_tokens)
-        need = blocks_for(tokens, self.blocks.block_size)
-        if need > self.blocks.num_blocks:
-            raise RequestTooLargeError(
-                f"this request can never fit the KV pool: its prompt ({prompt_len} tokens) "
-                f"and max_tokens ({max_tokens}) need up to {tokens} cached tokens = {need} "
-                f"blocks of {self.blocks.block_size}, and the pool has "
-                f"{self.blocks.num_blocks}; send a shorter prompt or fewer max_tokens")
+        check_request_fits(prompt_len, max_tokens, max_len=self.max_len,
+                           block_size=self.blocks.block_size,
+                           num_blocks=self.blocks.num_blocks)
 
     def submit(self, request: Request) -> None:
         """Queue ``request`` (thread-safe). Raises ``ValueError`` for an empty prompt or ids
@@ -343,6 +353,11 @@ class EngineThread:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the thread is stepping (started and not yet stopped)."""
+        return self._thread.is_alive()
 
     def stop(self, timeout: float | None = None, *, drain: bool = True) -> None:
         """Stop once the submitted requests are done (``drain``), or at the end of the

@@ -29,7 +29,13 @@ from handformer.generate.plain import slide_window
 from handformer.serve.blocks import BlockManager
 from handformer.serve.request import Request
 
-__all__ = ["Plan", "Scheduler"]
+__all__ = ["Plan", "Scheduler", "max_cached"]
+
+
+def max_cached(prompt_len: int, max_tokens: int, max_len: int) -> int:
+    """The most context tokens a request ever holds in blocks: the context before its last
+    token, at most one window of ``max_len``."""
+    return min(prompt_len + max_tokens - 1, max_len)
 
 
 @dataclass
@@ -76,11 +82,6 @@ class Scheduler:
             self.waiting.remove(request)
         self.blocks.release(request.table)
         request.cached = 0
-
-    def max_cached(self, prompt_len: int, max_tokens: int) -> int:
-        """The most context tokens a request ever holds in blocks: the context before its
-        last token, at most one window."""
-        return min(prompt_len + max_tokens - 1, self.max_len)
 
     def _slide(self, request: Request) -> None:
         """Move the request's window as ``generate`` does; its cache is refilled from the
