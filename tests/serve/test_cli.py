@@ -109,3 +109,18 @@ def test_matmul_choice_packs_only_float32_cpu_weights(capsys) -> None:
             [m for m in tiny_lm().modules() if type(m) is torch.nn.Linear])
         _pick_matmul(tiny_lm(), args("auto"))
         assert "— measured over" in capsys.readouterr().err
+
+
+def test_what_the_engine_process_refuses_is_one_line_from_serve(tmp_path) -> None:
+    missing = _handformer("serve", "--run", str(tmp_path))
+    assert missing.returncode == 1
+    assert missing.stderr.splitlines() == [
+        f"handformer serve: error: {tmp_path} is not a complete run folder: missing "
+        "['model.safetensors', 'config.json', 'tokenizer.json']"]
+    run = save_run(tmp_path / "run", tiny_lm(), TOKENIZER)
+    usage = _handformer("serve", "--run", str(run), "--dtype", "bfloat16", "--matmul",
+                        "onednn")
+    assert usage.returncode == 2
+    assert usage.stderr.splitlines() == [
+        "handformer serve: error: --matmul onednn is for float32 weights on the CPU; got "
+        "--dtype bfloat16, --device cpu (see handformer serve --help)"]
