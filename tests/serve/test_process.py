@@ -10,6 +10,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from handformer.cli.common import UsageError
 from handformer.serve.engine import Engine, QueueFullError, RequestTooLargeError
@@ -32,6 +33,11 @@ class _Unpicklable(Exception):
 
 def _refuses_oddly() -> tuple[Engine, dict]:
     raise _Unpicklable(1, 2)
+
+
+def _says_its_threads() -> tuple[Engine, dict]:
+    engine, _ = engine_of(tiny_lm(), ENDLESS, ENGINE)
+    return engine, {"threads": torch.get_num_threads()}
 
 
 async def _gather(process: EngineProcess, jobs: list[tuple[list[int], SamplingParams]],
@@ -113,6 +119,15 @@ def test_a_build_error_is_raised_by_start_as_the_build_raised_it() -> None:
         EngineProcess(_refuses, "no such run").start()
     with pytest.raises(RuntimeError, match="_Unpicklable: 1/2"):
         EngineProcess(_refuses_oddly).start()
+
+
+def test_the_child_runs_on_the_parents_thread_count() -> None:
+    torch.set_num_threads(3)  # not what a fresh interpreter takes here (conftest restores it)
+    process = EngineProcess(_says_its_threads)
+    try:
+        assert process.start().extra == {"threads": 3}
+    finally:
+        process.stop(30)
 
 
 def test_a_child_that_dies_ends_the_requests_in_flight_with_an_error() -> None:

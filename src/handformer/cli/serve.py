@@ -84,14 +84,11 @@ def _is_loopback(host: str) -> bool:
 
 
 def build_engine(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
-    """In the engine's process (``serve.process``): the run loaded as ``--dtype``,
-    ``--quantize`` and ``--matmul`` ask, on ``--threads`` threads, and its ``Engine``; with
-    what the HTTP side needs of the run (its chat template)."""
-    import torch
-
+    """In the engine's process (``serve.process``, which runs it on the ``--threads`` the
+    command set): the run loaded as ``--dtype``, ``--quantize`` and ``--matmul`` ask, and its
+    ``Engine``; with what the HTTP side needs of the run (its chat template)."""
     from handformer.serve.engine import Engine
 
-    torch.set_num_threads(args.threads)
     model, tokenizer, config = _load(args)
     engine = Engine(model, tokenizer, num_blocks=args.kv_blocks, block_size=args.block_size,
                     max_batch=args.max_batch, max_waiting=args.max_waiting,

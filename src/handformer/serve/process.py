@@ -8,12 +8,13 @@ time (``benchmarks/serve_engine.py --gil-noise`` measures it). vLLM splits its A
 its engine core for the same reason.
 
 ``EngineProcess(build, *args)``: ``start()`` spawns a child (a fresh interpreter: torch's
-thread pools start clean, whatever the parent ran) that calls ``build(*args)`` for its
-``Engine`` and steps it in an ``EngineThread``, while the child's main thread reads commands
-and a sender thread writes messages back, so neither side ever waits on the other's reads.
-The parent keeps the tokenizer and the limits it checks before anything is sent (a request
-that can never fit the pool, a full queue), and hands each step's outputs, by request id, to
-the requests it submitted — on its event loop, which reads the pipe as it reads sockets.
+thread pools start clean, whatever the parent ran; it takes the parent's thread count) that
+calls ``build(*args)`` for its ``Engine`` and steps it in an ``EngineThread``, while the
+child's main thread reads commands and a sender thread writes messages back, so neither side
+ever waits on the other's reads. The parent keeps the tokenizer and the limits it checks
+before anything is sent (a request that can never fit the pool, a full queue), and hands
+each step's outputs, by request id, to the requests it submitted — on its event loop, which
+reads the pipe as it reads sockets.
 
 Messages, parent → child: ``("submit", id, prompt, params, arrival)``, ``("cancel", id)``,
 ``("reject", cause)``, ``("metrics", token)``, ``("stop", drain)``. Child → parent: once
@@ -37,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
+
+import torch
 
 from handformer.serve.engine import (
     Engine,
@@ -115,7 +118,8 @@ class EngineProcess:
         context = multiprocessing.get_context("spawn")
         conn, child_conn = context.Pipe()
         process = context.Process(target=_child_main, name="handformer-engine", daemon=True,
-                                  args=(child_conn, self._build, self._args, step))
+                                  args=(child_conn, self._build, self._args, step,
+                                        torch.get_num_threads()))
         process.start()
         child_conn.close()
         try:
@@ -285,9 +289,11 @@ class EngineProcess:
                 reply.set_exception(EngineGoneError(self._gone))
 
 
-def _child_main(conn: Connection, build: Build, args: tuple[Any, ...], step: bool) -> None:
+def _child_main(conn: Connection, build: Build, args: tuple[Any, ...], step: bool,
+                threads: int) -> None:
     """The engine's process: build the engine, step it, answer the parent's commands."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(threads)  # the parent's: a fresh interpreter would take every core
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
