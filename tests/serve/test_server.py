@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
+import os
 import random
+import signal
 import socket
 import time
 
@@ -289,3 +292,21 @@ def test_metrics_are_prometheus_text(base) -> None:
                    if line.startswith(f"{name}_bucket")]
         count = metrics(base)[f"{name}_count"]
         assert buckets == sorted(buckets) and buckets[-1] == count > 0
+
+
+def test_an_engine_that_dies_is_500_and_health_says_so(model) -> None:
+    others = {p.pid for p in multiprocessing.active_children()}  # other tests' engines
+    with serving(model, ENDLESS, engine=dict(num_blocks=8, block_size=4)) as url:
+        assert httpx.get(f"{url}/health").status_code == 200
+        [child] = [p for p in multiprocessing.active_children()
+                   if p.name == "handformer-engine" and p.pid not in others]
+        os.kill(child.pid, signal.SIGKILL)
+        wait_for(lambda: httpx.get(f"{url}/health").status_code == 503, "health to fail")
+        gone = f"the engine's process exited unexpectedly (code {-signal.SIGKILL})"
+        assert httpx.get(f"{url}/health").json()["error"]["message"] == (
+            f"the server cannot generate: {gone}")
+        answer = httpx.post(f"{url}/v1/completions", json={
+            "model": "tiny", "prompt": "abc", "max_tokens": 3})
+        assert answer.status_code == 500
+        assert answer.json()["error"]["message"] == f"the server cannot generate: {gone}"
+        assert httpx.get(f"{url}/metrics").status_code == 500

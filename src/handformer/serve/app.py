@@ -3,7 +3,7 @@ FastAPI routes, nothing of the model.
 
 Needs the ``serve`` extra (FastAPI, uvicorn); nothing else in the package imports this module.
 
-    GET  /health                   {"status": "ok"}
+    GET  /health                   {"status": "ok"}, or 503 once the engine is gone
     GET  /metrics                  Prometheus text (serve.metrics)
     GET  /v1/models                the one model this server serves
     POST /v1/completions           OpenAI's completions schema, streaming or not
@@ -260,6 +260,8 @@ def create_app(engine: EngineProcess, settings: ServeSettings) -> Any:
 
     @app.get("/health")
     async def health() -> Any:
+        if engine.gone is not None:  # a load balancer should stop sending here
+            return answer(ApiError(503, f"the server cannot generate: {engine.gone}"))
         return {"status": "ok"}
 
     @app.get("/metrics")

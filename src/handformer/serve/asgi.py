@@ -42,7 +42,7 @@ class ApiError(Exception):
     KINDS: ClassVar[dict[int, str]] = {400: "invalid_request_error", 401: "authentication_error",
                                        404: "not_found_error", 408: "timeout_error",
                                        413: "invalid_request_error", 429: "rate_limit_error",
-                                       500: "server_error"}
+                                       500: "server_error", 503: "server_error"}
 
     def __init__(self, status: int, message: str, *, param: str | None = None,
                  code: str | None = None, headers: dict[str, str] | None = None) -> None:

@@ -7,8 +7,9 @@ reading and writing its own blocks through a ``PagedBatchCache``, the model's ow
 context is complete with ``generate.sample_next`` and *its own* ``torch.Generator``, so a
 seeded request draws the same numbers whatever else is in the batch. A step's new text is
 handed over once, at the step's end: ``Engine.deliver`` gets every (request, output) pair of
-the step in order (by default it calls each request's ``on_output``; a server hands the whole
-batch to its event loop in one call, so the loop wakes once a step, not once a token); a
+the step in order (by default it calls each request's ``on_output``; the server's engine
+process sends the whole batch in one message, so the HTTP side wakes once a step, not once a
+token); a
 request that ends (end-of-text token, stop string, ``max_tokens``, cancel) leaves the batch
 and frees its blocks at once.
 

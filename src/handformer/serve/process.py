@@ -143,6 +143,11 @@ class EngineProcess:
         return self._info
 
     @property
+    def gone(self) -> str | None:
+        """Why the engine's process is no longer there (None while it runs)."""
+        return self._gone
+
+    @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
 
