@@ -77,7 +77,7 @@ def test_a_crowd_through_the_pipe_gets_what_the_engine_gives_in_process() -> Non
     process = EngineProcess(engine_of, model, ENDLESS, ENGINE)
     info = process.start()
     try:
-        assert (info.vocab_size, info.num_blocks, info.block_size) == (
+        assert (info.limits.vocab_size, info.limits.num_blocks, info.limits.block_size) == (
             ENDLESS.vocab_size, 24, 4)
         got = asyncio.run(_gather(process, jobs))
         assert [text for text, _, _ in got] == expected

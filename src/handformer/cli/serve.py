@@ -225,7 +225,7 @@ def run_serve(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
         loop, http = event_loop_and_http()
         print(f"handformer serve: {name} on http://{args.host}:{args.port} — KV pool "
-              f"{info.num_blocks} blocks × {info.block_size} tokens "
+              f"{info.limits.num_blocks} blocks × {info.limits.block_size} tokens "
               f"({info.pool_bytes / 2**20:.1f} MiB), up to {args.max_batch} requests at "
               f"once{'; chat on' if settings.chat_template else ''}; {loop} + {http}",
               file=sys.stderr, flush=True)

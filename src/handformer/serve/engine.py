@@ -29,6 +29,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,8 +49,14 @@ from handformer.serve.paged import KVPool, PagedBatchCache
 from handformer.serve.request import Request, RequestOutput
 from handformer.serve.scheduler import Scheduler, max_cached
 
-__all__ = ["Engine", "EngineThread", "Outputs", "QueueFullError", "RequestTooLargeError",
-           "check_request_fits"]
+__all__ = [
+    "Engine",
+    "EngineThread",
+    "Outputs",
+    "QueueFullError",
+    "RequestLimits",
+    "RequestTooLargeError",
+]
 
 Outputs = list[tuple[Request, RequestOutput]]
 
@@ -70,18 +77,38 @@ class RequestTooLargeError(ValueError):
     """A request whose prompt and ``max_tokens`` can never fit the KV pool (HTTP 400)."""
 
 
-def check_request_fits(prompt_len: int, max_tokens: int, *, max_len: int, block_size: int,
-                       num_blocks: int) -> None:
-    """``RequestTooLargeError`` when a request's prompt and ``max_tokens`` could never be held
-    by a pool of ``num_blocks`` × ``block_size`` slots (a context holds at most one window)."""
-    tokens = max_cached(prompt_len, max_tokens, max_len)
-    need = blocks_for(tokens, block_size)
-    if need > num_blocks:
-        raise RequestTooLargeError(
-            f"this request can never fit the KV pool: its prompt ({prompt_len} tokens) "
-            f"and max_tokens ({max_tokens}) need up to {tokens} cached tokens = {need} "
-            f"blocks of {block_size}, and the pool has {num_blocks}; send a shorter prompt "
-            "or fewer max_tokens")
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request must meet to be queued: a prompt of ids in the vocabulary, and a prompt
+    and ``max_tokens`` that a pool of ``num_blocks`` × ``block_size`` slots could hold (a
+    context holds at most one window of ``max_len``). Plain data: the server's HTTP process
+    checks each request by the engine's own rules before sending it."""
+
+    vocab_size: int
+    max_len: int
+    block_size: int
+    num_blocks: int
+
+    def check(self, request: Request) -> None:
+        """``ValueError`` for an empty prompt or ids outside the vocabulary,
+        ``RequestTooLargeError`` for a request the pool could never hold."""
+        if not request.prompt:
+            raise ValueError("the prompt has no tokens")
+        if not 0 <= min(request.prompt) <= max(request.prompt) < self.vocab_size:
+            raise ValueError(f"prompt ids must lie in [0, {self.vocab_size}); got "
+                             f"{min(request.prompt)}..{max(request.prompt)}")
+        self.check_fits(len(request.prompt), request.params.max_tokens)
+
+    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
+        """``RequestTooLargeError`` when a request could never be held by the pool."""
+        tokens = max_cached(prompt_len, max_tokens, self.max_len)
+        need = blocks_for(tokens, self.block_size)
+        if need > self.num_blocks:
+            raise RequestTooLargeError(
+                f"this request can never fit the KV pool: its prompt ({prompt_len} tokens) "
+                f"and max_tokens ({max_tokens}) need up to {tokens} cached tokens = {need} "
+                f"blocks of {self.block_size}, and the pool has {self.num_blocks}; send a "
+                "shorter prompt or fewer max_tokens")
 
 
 def _float_dtype(model: nn.Module) -> torch.dtype:
@@ -124,6 +151,7 @@ class Engine:
                    self.device)
         self.pool = KVPool(config, num_blocks, block_size, dtype=dtype, device=self.device)
         self.blocks = BlockManager(num_blocks, block_size)
+        self.limits = RequestLimits(self.vocab_size, self.max_len, block_size, num_blocks)
         self.scheduler = Scheduler(self.blocks, max_len=self.max_len, max_batch=max_batch,
                                    step_tokens=step_tokens, prefill_chunk=prefill_chunk)
         self.max_waiting = max_waiting
@@ -149,21 +177,10 @@ class Engine:
         return max(1, min(wanted, free // 4 // block_bytes))
 
     # -- the owner's side (any thread) ---------------------------------------------------
-    def check_fits(self, prompt_len: int, max_tokens: int) -> None:
-        """``RequestTooLargeError`` when a request could never be held by the pool."""
-        check_request_fits(prompt_len, max_tokens, max_len=self.max_len,
-                           block_size=self.blocks.block_size,
-                           num_blocks=self.blocks.num_blocks)
-
     def submit(self, request: Request) -> None:
-        """Queue ``request`` (thread-safe). Raises ``ValueError`` for an empty prompt or ids
-        outside the vocabulary, ``RequestTooLargeError`` or ``QueueFullError``."""
-        if not request.prompt:
-            raise ValueError("the prompt has no tokens")
-        if not 0 <= min(request.prompt) <= max(request.prompt) < self.vocab_size:
-            raise ValueError(f"prompt ids must lie in [0, {self.vocab_size}); got "
-                             f"{min(request.prompt)}..{max(request.prompt)}")
-        self.check_fits(len(request.prompt), request.params.max_tokens)
+        """Queue ``request`` (thread-safe). Raises as ``RequestLimits.check`` raises, or
+        ``QueueFullError``."""
+        self.limits.check(request)
         with self._lock:
             if self._queued >= self.max_waiting:
                 raise QueueFullError(f"the queue is full ({self.max_waiting} requests "

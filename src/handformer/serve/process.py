@@ -46,7 +46,7 @@ from handformer.serve.engine import (
     EngineThread,
     Outputs,
     QueueFullError,
-    check_request_fits,
+    RequestLimits,
 )
 from handformer.serve.request import Request, RequestOutput
 
@@ -63,14 +63,11 @@ class EngineGoneError(RuntimeError):
 
 @dataclass(frozen=True)
 class EngineInfo:
-    """What the HTTP side knows of the engine: its tokenizer, the limits it checks before
+    """What the HTTP side knows of the engine: its tokenizer, the ``limits`` it checks before
     sending a request, and ``extra`` — what ``build`` said of the model (a chat template)."""
 
     tokenizer: Any
-    vocab_size: int
-    max_len: int
-    block_size: int
-    num_blocks: int
+    limits: RequestLimits
     max_batch: int
     max_waiting: int
     pool_bytes: int
@@ -78,10 +75,8 @@ class EngineInfo:
 
     @classmethod
     def of(cls, engine: Engine, extra: dict[str, Any]) -> EngineInfo:
-        return cls(engine.tokenizer, engine.vocab_size, engine.max_len,
-                   engine.blocks.block_size, engine.blocks.num_blocks,
-                   engine.scheduler.max_batch, engine.max_waiting, engine.pool.nbytes(),
-                   extra)
+        return cls(engine.tokenizer, engine.limits, engine.scheduler.max_batch,
+                   engine.max_waiting, engine.pool.nbytes(), extra)
 
 
 class EngineProcess:
@@ -186,13 +181,11 @@ class EngineProcess:
 
     @property
     def vocab_size(self) -> int:
-        return self.info.vocab_size
+        return self.info.limits.vocab_size
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
         """``RequestTooLargeError`` when a request could never be held by the pool."""
-        info = self.info
-        check_request_fits(prompt_len, max_tokens, max_len=info.max_len,
-                           block_size=info.block_size, num_blocks=info.num_blocks)
+        self.info.limits.check_fits(prompt_len, max_tokens)
 
     def submit(self, request: Request) -> None:
         """Send ``request`` to the engine; its outputs reach ``request.on_output`` on the
@@ -200,12 +193,7 @@ class EngineProcess:
         if self._gone is not None:
             raise EngineGoneError(self._gone)
         info = self.info
-        if not request.prompt:
-            raise ValueError("the prompt has no tokens")
-        if not 0 <= min(request.prompt) <= max(request.prompt) < info.vocab_size:
-            raise ValueError(f"prompt ids must lie in [0, {info.vocab_size}); got "
-                             f"{min(request.prompt)}..{max(request.prompt)}")
-        self.check_fits(len(request.prompt), request.params.max_tokens)
+        info.limits.check(request)
         if len(self._unanswered) >= info.max_waiting:
             raise QueueFullError(f"the queue is full ({info.max_waiting} requests waiting); "
                                  "retry shortly")
