@@ -128,6 +128,9 @@ def test_the_child_runs_on_the_parents_thread_count() -> None:
         assert process.start().extra == {"threads": 3}
     finally:
         process.stop(30)
+    assert process.gone == "the engine stopped"  # no event loop read the pipe: stop closed it
+    with pytest.raises(EngineGoneError, match="the engine stopped"):
+        process.submit(Request([1], SamplingParams(max_tokens=2)))
 
 
 def test_a_child_that_dies_ends_the_requests_in_flight_with_an_error() -> None:

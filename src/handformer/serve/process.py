@@ -133,6 +133,7 @@ class EngineProcess:
 
     @property
     def info(self) -> EngineInfo:
+        """What ``start`` learnt of the engine (``EngineGoneError`` before it)."""
         if self._info is None:
             raise EngineGoneError("the engine's process was not started")
         return self._info
@@ -144,13 +145,17 @@ class EngineProcess:
 
     @property
     def pid(self) -> int | None:
+        """The engine's process id, once started."""
         return None if self._process is None else self._process.pid
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         """Read the child's messages on ``loop`` (the server's), from now on."""
-        self._loop = loop
-        if self._conn is not None and self._gone is None:
-            loop.add_reader(self._conn.fileno(), self._read)
+        if self._conn is None or self._gone is not None:
+            return
+        previous, self._loop = self._loop, loop
+        if previous is not None and previous is not loop and not previous.is_closed():
+            previous.remove_reader(self._conn.fileno())
+        loop.add_reader(self._conn.fileno(), self._read)
 
     def stop(self, timeout: float | None = None, *, drain: bool = True) -> None:
         """Stop the engine once the submitted requests are done (``drain``), or at the end of
@@ -166,6 +171,8 @@ class EngineProcess:
         if process.is_alive():
             process.kill()
             process.join()
+        if self._loop is None or self._loop.is_closed():  # nobody will read the pipe's end
+            self._lost()
 
     def kill(self) -> None:
         """End the child at once (a forced exit: nobody waits for its requests). Safe in a
@@ -177,10 +184,12 @@ class EngineProcess:
     # -- the HTTP side's calls (on the event loop) ---------------------------------------
     @property
     def tokenizer(self) -> Any:
+        """The engine's tokenizer (a copy: the HTTP side encodes prompts with it)."""
         return self.info.tokenizer
 
     @property
     def vocab_size(self) -> int:
+        """The model's vocabulary size."""
         return self.info.limits.vocab_size
 
     def check_fits(self, prompt_len: int, max_tokens: int) -> None:
@@ -261,8 +270,11 @@ class EngineProcess:
 
     def _lost(self) -> None:
         """The child's end closed: it stopped, or it died. End what was in flight."""
-        if self._loop is not None and self._conn is not None:
+        if self._conn is None or self._conn.closed:
+            return
+        if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(self._conn.fileno())
+        self._conn.close()
         if self._stopping:  # ``stop`` waits for the child
             self._gone = "the engine stopped"
         else:
