@@ -209,3 +209,14 @@ def test_a_client_that_leaves_while_the_engine_drains_is_still_cancelled() -> No
         process.stop(5)
     assert out.finish_reason == "cancelled"
     assert process._process.exitcode == 0  # it ended by itself, not killed after 20 s
+
+
+def test_a_bug_in_the_engines_process_is_one_line_and_ends_it(capfd) -> None:
+    process = EngineProcess(engine_of, tiny_lm(), ENDLESS, ENGINE)
+    process.start()
+    process._send(("submit", 1))  # a message the child cannot take apart: a bug
+    process._process.join(30)
+    assert process._process.exitcode == 1
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["handformer serve: the engine's process failed (ValueError: "
+                                "not enough values to unpack (expected 5, got 2))"]

@@ -329,6 +329,11 @@ def _child_main(conn: Connection, build: Build, args: tuple[Any, ...], step: boo
         worker.start()
     try:
         _serve_commands(conn, engine, worker, requests, outbox)
+    except Exception as err:  # a bug: one line, never a traceback; the parent fails the rest
+        log.error("handformer serve: the engine's process failed (%s)",
+                  f"{type(err).__name__}: {err}".splitlines()[0])
+        worker.stop(30, drain=False)
+        raise SystemExit(1) from None
     finally:
         outbox.put(None)
         sender.join()
@@ -379,8 +384,13 @@ def _send_all(conn: Connection, outbox: queue.SimpleQueue[tuple[Any, ...] | None
     """The child's one writer: messages in order until ``None``; a parent that is gone
     reads nothing more, so the rest are dropped."""
     while (message := outbox.get()) is not None:
-        with contextlib.suppress(OSError):
+        try:
             conn.send(message)
+        except OSError:
+            pass
+        except Exception as err:  # a message that does not pickle: a bug, said in one line
+            log.error("handformer serve: a message to the server was lost (%s: %s)",
+                      type(err).__name__, err)
 
 
 def _picklable(err: BaseException) -> BaseException:
