@@ -42,7 +42,8 @@ def register(sub: Any) -> None:
     p.add_argument("--max-batch", type=positive_int, default=32,
                    help="requests decoded together at most (default 32)")
     p.add_argument("--max-waiting", type=positive_int, default=256,
-                   help="requests queued at most; more are answered 429 (default 256)")
+                   help="requests waiting for their first token at most (queued, or their "
+                   "prompt being read); more are answered 429 (default 256)")
     p.add_argument("--prefill-chunk", type=positive_int, default=64,
                    help="prompt tokens read per request per step (default 64)")
     p.add_argument("--step-tokens", type=positive_int, default=256,

@@ -9,9 +9,8 @@ seeded request draws the same numbers whatever else is in the batch. A step's ne
 handed over once, at the step's end: ``Engine.deliver`` gets every (request, output) pair of
 the step in order (by default it calls each request's ``on_output``; the server's engine
 process sends the whole batch in one message, so the HTTP side wakes once a step, not once a
-token); a
-request that ends (end-of-text token, stop string, ``max_tokens``, cancel) leaves the batch
-and frees its blocks at once.
+token); a request that ends (end-of-text token, stop string, ``max_tokens``, cancel) leaves
+the batch and frees its blocks at once.
 
 ``EngineThread`` runs steps in a thread of its own, so whoever owns the engine only submits
 and cancels (both thread-safe) and never waits on a forward pass; the server runs both in a
