@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from handformer.nn import decode_block
 from handformer.nn.attention import AttentionKind, MultiHeadAttention
 from handformer.nn.dropout import apply_dropout
 from handformer.nn.feedforward import FeedForward
@@ -98,6 +99,13 @@ class TransformerBlock(nn.Module):
         ``context`` (B, S, C) and ``context_mask`` feed the cross-attention, if present.
         ``positions``, ``key_positions``, ``cache`` and ``cache_start`` go to the
         self-attention (see ``MultiHeadAttention.forward``)."""
+        if cache is not None and mask is None and context is None and not self.training \
+                and x.shape[0] == 1 and x.shape[1] == 1:
+            # One token of one request: the whole block as one kernel, where it serves
+            # (``decode_block``: same arithmetic; None for anything it was not written for).
+            y = decode_block.step(self, x, cache, cache_start)
+            if y is not None:
+                return y  # (1, 1, C)
         pre = self.norm == "pre"
         # Each sub-layer f: x + f(LN(x)) with pre-norm, LN(x + f(x)) with post-norm.
         h, _ = self.self_attn(

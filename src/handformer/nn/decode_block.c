@@ -1,0 +1,161 @@
+/* A whole pre-norm Transformer block's decoding step in one call: handformer.nn.decode_block.
+ *
+ * Why one call: at batch 1 a decoding step is bound by reading the block's int8 weights and
+ * its cached keys and values once. The two loops that read them (int8_kernel.c's product,
+ * decode_attention.c's attention) run near memory's rate, but called one module at a time
+ * from Python a step also pays the interpreter, the calls and a dozen small torch ops per
+ * block, each of which runs with cold caches after the weights streamed through. Here the
+ * small work (norms, the activation, the residual adds, the cache write) is a few loops over
+ * a few thousand floats between the products, in registers and L1.
+ *
+ * What it computes, for one token x (C) of one request, the block's own modules in order:
+ *     h = norm1(x);  [q | k | v] = in_proj(h)        (H, Hkv and Hkv heads of D)
+ *     cache column t ← k, v;   a_h = softmax(q_h · K_gᵀ / √D) · V_g  over columns [0, t]
+ *     x1 = x + out_proj(a);    y = x1 + fc_out(act(fc_in(norm2(x1))))
+ * with g = h / (H / Hkv). The products are int8_kernel.c's, called exactly as a one-row
+ * hf_int8_linear (same grid, same integer, same bits); each head's attention is
+ * decode_attention.c's attend_head (same bits). The norms and the activation are plain C on
+ * every path, so the output's bits do not depend on the path either. norm: LayerNorm (mean
+ * and variance in double, bias optional) or RMSNorm (x̂ rounded to float, then times the
+ * gain, as nn/norm.py). act: GELU (erf or tanh form), ReLU, ReLU², SwiGLU (fc_in's first F
+ * outputs are the gate, the next F the up projection).
+ *
+ * Layout: x and y (C) float32; the cache kv (2·Hkv, L, D) contiguous, keys in heads
+ * [0, Hkv), values in [Hkv, 2·Hkv), L = capacity ≥ t + 1.
+ */
+/* The two loops' files share ISA_* names with different numbers: the attention's are renamed. */
+#define ISA_SCALAR ATTN_ISA_SCALAR
+#define ISA_AVX2 ATTN_ISA_AVX2
+#define ISA_AVX512 ATTN_ISA_AVX512
+#include "decode_attention.c"
+#undef ISA_SCALAR
+#undef ISA_AVX2
+#undef ISA_AVX512
+#include "int8_kernel.c"
+
+enum { NORM_LAYER = 0, NORM_RMS = 1 };
+enum { ACT_GELU = 0, ACT_GELU_TANH = 1, ACT_RELU = 2, ACT_RELU2 = 3, ACT_SWIGLU = 4 };
+
+struct hf_linear {
+    const int8_t *q;
+    const float *scale;
+    const float *bias; /* NULL: none */
+    int64_t n, k;
+};
+
+struct hf_block {
+    int64_t d_model, n_heads, n_kv_heads, head_dim;
+    int32_t norm_type, activation;
+    float eps, attn_scale;
+    const float *norm1_w, *norm1_b, *norm2_w, *norm2_b; /* a LayerNorm's bias may be NULL */
+    struct hf_linear in_proj, out_proj, fc_in, fc_out;
+};
+
+/* The block takes the product's paths (the attention's AVX-512 serves both 512-bit ones). */
+int hf_block_best_isa(void) { return hf_int8_best_isa(); }
+
+static void norm(const struct hf_block *b, const float *x, const float *w, const float *bias,
+                 float *out) {
+    int64_t c = b->d_model;
+    if (b->norm_type == NORM_RMS) {
+        double ss = 0.0;
+        for (int64_t i = 0; i < c; i++) ss += (double)x[i] * (double)x[i];
+        float inv = (float)(1.0 / sqrt(ss / (double)c + (double)b->eps));
+        for (int64_t i = 0; i < c; i++) out[i] = (x[i] * inv) * w[i];
+        return;
+    }
+    double sum = 0.0;
+    for (int64_t i = 0; i < c; i++) sum += x[i];
+    double mean = sum / (double)c, var = 0.0;
+    for (int64_t i = 0; i < c; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
+    double rstd = 1.0 / sqrt(var / (double)c + (double)b->eps);
+    for (int64_t i = 0; i < c; i++) {
+        float v = (float)(((double)x[i] - mean) * rstd) * w[i];
+        out[i] = bias != NULL ? v + bias[i] : v;
+    }
+}
+
+/* y (N) = x (K) · (q · scale)ᵀ + bias: hf_int8_linear's one-row order, its scratch given. */
+static void product(int isa, const struct hf_linear *l, const float *x, int16_t *xq, float *y) {
+    scan_fn scan = isa >= ISA_AVX512 ? scan_avx512 : isa == ISA_AVX2 ? scan_avx2 : scan_none;
+    round_fn round_row = isa >= ISA_AVX512 ? round_avx512
+                         : isa == ISA_AVX2 ? round_avx2
+                                           : round_none;
+    float sx = quantize_row(x, l->k, xq, scan, round_row);
+    if (isa >= ISA_AVX512_VNNI)
+        row1_avx512_vnni(xq, &sx, l->q, l->scale, l->bias, l->n, l->k, y);
+    else if (isa == ISA_AVX512)
+        row1_avx512(xq, &sx, l->q, l->scale, l->bias, l->n, l->k, y);
+    else if (isa == ISA_AVX2)
+        row1_avx2(xq, &sx, l->q, l->scale, l->bias, l->n, l->k, y);
+    else
+        linear_scalar(xq, &sx, l->q, l->scale, l->bias, 1, l->n, l->k, y);
+}
+
+static float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+
+static float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+}
+
+/* f (fc_in's N) → g (fc_out's K): the block's activation. */
+static void activate(int act, const float *f, int64_t width, float *g) {
+    for (int64_t i = 0; i < width; i++) {
+        float v = f[i];
+        switch (act) {
+        case ACT_GELU: g[i] = gelu(v); break;
+        case ACT_GELU_TANH: g[i] = gelu_tanh(v); break;
+        case ACT_RELU: g[i] = v > 0.0f ? v : 0.0f; break;
+        case ACT_RELU2: g[i] = v > 0.0f ? v * v : 0.0f; break;
+        default: g[i] = (v / (1.0f + expf(-v))) * f[width + i]; break; /* SwiGLU */
+        }
+    }
+}
+
+/* One decoding step of block b on path `isa` (int8_kernel.c's ISA_* values; the attention
+ * takes the same level, capped at its AVX-512): x (C) → y (C), the token's keys and values
+ * written into column t of kv (capacity L). Returns 0, or -1 where the scratch cannot be
+ * allocated (then nothing is written). */
+int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv, int64_t cap,
+                    int64_t t, float *y) {
+    int64_t c = b->d_model, h_len = b->n_heads, hkv = b->n_kv_heads, d = b->head_dim;
+    int64_t widest_k = b->fc_out.k > c ? b->fc_out.k : c;
+    if (b->out_proj.k > widest_k) widest_k = b->out_proj.k;
+    int64_t floats = 2 * c + b->in_proj.n + b->out_proj.k + b->fc_in.n + b->fc_out.k + (t + 1);
+    float *buf = malloc((size_t)floats * sizeof(float) + (size_t)(widest_k + 1) * sizeof(int16_t));
+    if (buf == NULL) return -1;
+    float *h = buf, *x1 = h + c, *qkv = x1 + c, *att = qkv + b->in_proj.n;
+    float *f = att + b->out_proj.k, *g = f + b->fc_in.n, *scores = g + b->fc_out.k;
+    int16_t *xq = (int16_t *)(scores + t + 1);
+    int vector_ok = d % 16 == 0; /* as hf_decode_attention picks its loops */
+    dot_fn dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
+                             : isa == ISA_AVX2              ? dot_avx2
+                                                            : dot_scalar;
+    wsum_fn wsum = !vector_ok ? wsum_scalar : isa >= ISA_AVX512 ? wsum_avx512
+                               : isa == ISA_AVX2              ? wsum_avx2
+                                                              : wsum_scalar;
+
+    norm(b, x, b->norm1_w, b->norm1_b, h);
+    product(isa, &b->in_proj, h, xq, qkv); /* H query heads, Hkv key heads, Hkv value heads */
+    int64_t head_stride = cap * d;
+    for (int64_t g2 = 0; g2 < 2 * hkv; g2++) {
+        const float *src = qkv + (h_len + g2) * d;
+        float *dst = kv + g2 * head_stride + t * d;
+        for (int64_t i = 0; i < d; i++) dst[i] = src[i];
+    }
+    int64_t group = h_len / hkv;
+    for (int64_t hd = 0; hd < h_len; hd++) {
+        const float *k0 = kv + (hd / group) * head_stride;
+        attend_head(qkv + hd * d, k0, k0 + hkv * head_stride, t + 1, d, d, b->attn_scale, scores,
+                    att + hd * d, dot, wsum);
+    }
+    product(isa, &b->out_proj, att, xq, x1);
+    for (int64_t i = 0; i < c; i++) x1[i] = x[i] + x1[i];
+    norm(b, x1, b->norm2_w, b->norm2_b, h);
+    product(isa, &b->fc_in, h, xq, f);
+    activate(b->activation, f, b->fc_out.k, g);
+    product(isa, &b->fc_out, g, xq, y);
+    for (int64_t i = 0; i < c; i++) y[i] = x1[i] + y[i];
+    free(buf);
+    return 0;
+}

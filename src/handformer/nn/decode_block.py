@@ -1,0 +1,226 @@
+"""A whole block's decoding step as one kernel (``decode_block.c``), for int8 models at batch 1.
+
+Why: a cached decoding step of one token reads each block's int8 weights and its cached keys
+and values once, and the two C loops that read them (``int8_native``, ``decode_attention``) go
+near memory's rate. Run one module at a time, the step also pays Python for every module and
+ctypes call and a dozen small torch ops per block (norms, GELU, adds, the cache write), each
+running cold after the weights streamed through the caches; together that cost about as much
+as the loops. The C step runs the block's modules' own arithmetic in one call: the same
+products and attention (same bits), and the norms and activation in plain C.
+
+It is a kernel, chosen per call like attention's: ``TransformerBlock.forward`` asks ``step``
+first, and ``step`` declines (returns None) for anything but the case it was written for —
+one token of one request (x (1, 1, C) float32 on the CPU) with a contiguous float32 cache,
+no mask, no gradient, not under ``torch.compile``, a pre-norm block without cross-attention,
+RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every projection an ``Int8Linear`` the C loop
+serves, attention not pinned to ``manual`` — and whenever something watches the block's
+modules (a forward hook, ``capture_attention``'s wrapper), so that hooks and captures still
+see every step. ``disabled()`` turns it off for a block of code (tests hold the two paths
+equal; benchmarks time both). The path (AVX-512 VNNI, AVX-512, AVX2, plain C) is the int8
+loop's, capped by ATen's level; every path gives the same bits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from handformer.nn.feedforward import ACTIVATIONS
+from handformer.nn.native_build import NativeLibrary
+from handformer.nn.norm import RMSNorm
+from handformer.nn.quantized import Int8Linear
+
+if TYPE_CHECKING:
+    from handformer.nn.block import TransformerBlock
+    from handformer.nn.kv_cache import KVCache
+
+__all__ = ["block_step_status", "disabled", "step"]
+
+_ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # int8_kernel.c's ISA_* values
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("q", _P), ("scale", _P), ("bias", _P), ("n", _I64), ("k", _I64)]
+
+
+class _Block(ctypes.Structure):
+    _fields_ = [("d_model", _I64), ("n_heads", _I64), ("n_kv_heads", _I64), ("head_dim", _I64),
+                ("norm_type", ctypes.c_int32), ("activation", ctypes.c_int32),
+                ("eps", ctypes.c_float), ("attn_scale", ctypes.c_float),
+                ("norm1_w", _P), ("norm1_b", _P), ("norm2_w", _P), ("norm2_b", _P),
+                ("in_proj", _Linear), ("out_proj", _Linear), ("fc_in", _Linear),
+                ("fc_out", _Linear)]
+
+
+def _bind(lib: ctypes.CDLL) -> None:
+    lib.hf_decode_block.restype = ctypes.c_int
+    lib.hf_decode_block.argtypes = [ctypes.c_int, ctypes.POINTER(_Block), _P, _P, _I64, _I64,
+                                    _P]
+
+
+_LIB = NativeLibrary("decode_block.c", "hf_block_best_isa", _ATEN_CAP, _bind,
+                     includes=("decode_attention.c", "int8_kernel.c"))
+_OFF = threading.local()  # .depth > 0 inside disabled()
+# block → its binding; weak, so a dropped model frees its binding (which holds its tensors)
+_BOUND: weakref.WeakKeyDictionary[nn.Module, _Binding] = weakref.WeakKeyDictionary()
+
+
+def block_step_status() -> str | None:
+    """Why the block kernel cannot run in this process, or None (it can)."""
+    _LIB.lib()
+    return _LIB.broken
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """Within the block (this thread), every block runs module by module."""
+    _OFF.depth = getattr(_OFF, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _OFF.depth -= 1
+
+
+def _watched(module: nn.Module) -> bool:
+    """Whether anything hooks ``module`` or has replaced its ``forward``."""
+    return bool(module._forward_hooks or module._forward_pre_hooks
+                or "forward" in module.__dict__)
+
+
+def _hooked_globally() -> bool:
+    """Whether a hook is registered for every module (``nn.modules.module``'s global ones)."""
+    g = nn.modules.module
+    return bool(g._global_forward_hooks or g._global_forward_pre_hooks)
+
+
+def _parts(block: TransformerBlock) -> tuple[nn.Module, ...] | None:
+    """(self_attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2), or None where the
+    block is not one the kernel runs or a module of it is watched. Dict reads, not
+    attribute lookups: this runs once per block and token."""
+    mods = block._modules
+    attn, ffn, norm1, norm2 = mods["self_attn"], mods["ffn"], mods["norm1"], mods["norm2"]
+    if mods.get("cross_attn") is not None or attn is None or ffn is None:
+        return None
+    a, f = attn._modules, ffn._modules
+    parts = (attn, a["in_proj"], a["out_proj"], norm1, ffn, f["fc_in"], f["fc_out"], norm2)
+    if any(p is None or _watched(p) for p in parts):
+        return None
+    return parts  # type: ignore[return-value]
+
+
+def _norm_tensors(norm: nn.Module) -> tuple[int, float, Tensor, Tensor | None] | None:
+    if isinstance(norm, nn.LayerNorm) and norm.elementwise_affine and len(
+            norm.normalized_shape) == 1:
+        return 0, norm.eps, norm.weight, norm.bias
+    if isinstance(norm, RMSNorm):
+        return 1, norm.eps, norm.weight, None
+    return None
+
+
+def _linear(layer: Int8Linear) -> tuple[_Linear, tuple[Tensor, ...]]:
+    q, scale, bias = layer.qweight, layer.scale, layer.bias
+    n, k = q.shape
+    return (_Linear(q.data_ptr(), scale.data_ptr(), None if bias is None else bias.data_ptr(),
+                    n, k), (q, scale) if bias is None else (q, scale, bias))
+
+
+class _Binding:
+    """One block's tensors, checked once and laid out as the C struct. ``tensors`` are the
+    ones it read (kept alive: the C loop reads their memory); a binding whose tensors are no
+    longer the block's (replaced, moved, re-quantized) is made again."""
+
+    __slots__ = ("block", "key", "tensors")
+
+    def __init__(self, block: _Block | None, tensors: tuple[Tensor, ...]) -> None:
+        self.block = block  # None: the block is not one the kernel runs
+        self.tensors = tensors
+        self.key = tuple((id(t), t.data_ptr()) for t in tensors)
+
+
+def _tensors(parts: tuple[nn.Module, ...]) -> tuple[Tensor, ...]:
+    """Every tensor of the block's modules the kernel would read, in a fixed order."""
+    out: list[Tensor] = []
+    for module in parts:
+        out.extend(module._parameters.values())
+        out.extend(module._buffers.values())
+    return tuple(t for t in out if t is not None)
+
+
+def _bind_block(block: TransformerBlock, parts: tuple[nn.Module, ...],
+                tensors: tuple[Tensor, ...]) -> _Binding:
+    attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2 = parts
+    n1, n2 = _norm_tensors(norm1), _norm_tensors(norm2)
+    linears = (in_proj, out_proj, fc_in, fc_out)
+    ok = (block.norm == "pre" and n1 is not None and n2 is not None and n1[:2] == n2[:2]
+          and getattr(attn, "positional", None) == "none" and attn.q_norm is None
+          and attn.k_norm is None and attn.attention != "manual"
+          and ffn.activation in ACTIVATIONS
+          and all(isinstance(m, Int8Linear) and m.kernel in ("auto", "native")
+                  for m in linears)
+          and all(t.is_cpu and t.dtype in (torch.float32, torch.int8) and t.is_contiguous()
+                  for t in tensors))
+    if not ok or n1 is None or n2 is None:
+        return _Binding(None, tensors)
+    d = attn.head_dim
+    c = attn.d_model
+    f_width = fc_out.in_features
+    shapes_fit = (
+        in_proj.in_features == c and in_proj.out_features == attn.q_dim + 2 * attn.kv_dim
+        and out_proj.in_features == attn.q_dim and out_proj.out_features == c
+        and fc_in.in_features == c
+        and fc_in.out_features == (2 * f_width if ffn.activation == "swiglu" else f_width)
+        and fc_out.out_features == c
+        and all(w.shape == (c,) for w in (n1[2], n2[2], n1[3], n2[3]) if w is not None))
+    if not shapes_fit:
+        return _Binding(None, tensors)
+    structs = [_linear(m) for m in linears]  # type: ignore[arg-type]
+    c_block = _Block(
+        c, attn.n_heads, attn.n_kv_heads, d, n1[0], ACTIVATIONS.index(ffn.activation),
+        n1[1], 1.0 / math.sqrt(d),
+        n1[2].data_ptr(), None if n1[3] is None else n1[3].data_ptr(),
+        n2[2].data_ptr(), None if n2[3] is None else n2[3].data_ptr(),
+        *(s for s, _ in structs))
+    return _Binding(c_block, tensors)
+
+
+def step(block: TransformerBlock, x: Tensor, cache: KVCache, start: int) -> Tensor | None:
+    """The block's decoding step for x (1, 1, C) with its keys and values written at column
+    ``start`` of ``cache`` → (1, 1, C); None where the kernel does not serve this call (see
+    the module docstring): the caller then runs the modules."""
+    if (getattr(_OFF, "depth", 0) or torch.is_grad_enabled() or x.dtype != torch.float32
+            or not x.is_cpu or not x.is_contiguous() or cache.row_spans is not None
+            or torch.compiler.is_compiling() or _hooked_globally()):
+        return None
+    parts = _parts(block)
+    if parts is None:
+        return None
+    kv = cache.kv  # (1, 2·Hkv, L, D)
+    if (kv.dtype != torch.float32 or not kv.is_cpu or not kv.is_contiguous()
+            or not 0 <= start < kv.shape[2]):
+        return None  # the modules' path says what is wrong (an overflow, a dtype)
+    tensors = _tensors(parts)
+    binding = _BOUND.get(block)
+    if binding is None or binding.key != tuple((id(t), t.data_ptr()) for t in tensors):
+        binding = _bind_block(block, parts, tensors)
+        _BOUND[block] = binding
+    c_block = binding.block
+    if c_block is None or kv.shape[1] != 2 * c_block.n_kv_heads or kv.shape[3] != \
+            c_block.head_dim or x.shape[2] != c_block.d_model:
+        return None
+    lib = _LIB.lib()
+    if lib is None:
+        return None
+    y = torch.empty_like(x)  # (1, 1, C)
+    if lib.hf_decode_block(_LIB.default, ctypes.byref(c_block), x.data_ptr(), kv.data_ptr(),
+                           kv.shape[2], start, y.data_ptr()) != 0:
+        raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} keys")
+    return y
