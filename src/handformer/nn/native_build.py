@@ -2,11 +2,12 @@
 load it once per process.
 
 Why its own module: the hand-written C kernels (``int8_kernel.c``, ``decode_attention.c``,
-and ``decode_block.c``, which includes both) are built and loaded the same way — with the system's C compiler, on first use, into
-``$HANDFORMER_CACHE`` (default ``~/.cache/handformer``) under a name that carries the hash of
-the source and the flags, so an edited source builds anew and later processes reuse the file;
-each names the best path the CPU runs, and ATen's own level caps it, so the knob runs
-(``ATEN_CPU_CAPABILITY``) reach the older paths too.
+and ``decode_block.c``, which includes both) are built and loaded the same way — with the
+system's C compiler, on first use, into ``$HANDFORMER_CACHE`` (default
+``~/.cache/handformer``) under a name that carries the hash of the sources and the flags, so
+an edited source builds anew and later processes reuse the file; each names the best path
+the CPU runs, and ATen's own level caps it, so the knob runs (``ATEN_CPU_CAPABILITY``) reach
+the older paths too.
 """
 
 from __future__ import annotations

@@ -1,0 +1,241 @@
+"""The block's decoding step as one C call (``nn.decode_block``): equal to the modules' path,
+the same bits on every path, and declined wherever it was not written for the call.
+
+Tolerance: the kernel's products and attention are the modules' own loops (same bits for the
+same input); its norms and activation are plain C, whose last-bit differences from torch's
+move the next product's int16 grid of its input by at most half a step. Every logit, block
+output and cached key or value below stays within 5e-5 of the largest one (measured: up to
+2.0e-5 for logits, 1.0e-5 for the cache; RMSNorm blocks ~1e-7).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from handformer.capture import capture_attention
+from handformer.config import ModelConfig
+from handformer.models.decoder_lm import DecoderLM
+from handformer.models.quantize import quantize_int8
+from handformer.nn import decode_block
+from handformer.nn.int8_native import ISA_NAMES
+from handformer.nn.kv_cache import KVCache
+
+pytestmark = pytest.mark.skipif(decode_block.block_step_status() is not None,
+                                reason=f"no C kernel here: {decode_block.block_step_status()}")
+
+REL = 5e-5
+
+
+def _model(**overrides: object) -> DecoderLM:
+    torch.manual_seed(0)
+    fields: dict[str, object] = dict(vocab_size=61, d_model=64, n_heads=4, n_layers=2,
+                                     max_len=48, positional="learned", attention="sdpa",
+                                     activation="gelu")
+    fields.update(overrides)
+    return quantize_int8(DecoderLM(ModelConfig(**fields)).eval())  # type: ignore[arg-type]
+
+
+def _steps(model: DecoderLM, n: int = 12) -> tuple[Tensor, Tensor]:
+    """A prompt of 5 and ``n`` cached steps: the logits (n + 1, V) and the first layer's
+    cache (its filled columns)."""
+    torch.manual_seed(1)
+    prompt = torch.randint(0, model.config.vocab_size, (1, 5))
+    with torch.inference_mode():
+        cache = model.make_cache(1, 5 + n)
+        out = [model(prompt, cache=cache)[0, -1]]
+        for i in range(n):
+            out.append(model(torch.tensor([[(7 * i + 3) % model.config.vocab_size]]),
+                             cache=cache)[0, -1])
+        return torch.stack(out), cache.layers[0].kv[..., : 5 + n, :].clone()
+
+
+class _Spy:
+    """Wraps ``decode_block.step``: how many calls it served and how many it declined."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.served = self.declined = 0
+        original: Callable[..., Tensor | None] = decode_block.step
+
+        def spy(*args: object) -> Tensor | None:
+            y = original(*args)
+            if y is None:
+                self.declined += 1
+            else:
+                self.served += 1
+            return y
+
+        monkeypatch.setattr(decode_block, "step", spy)
+
+
+CONFIGS = {
+    "gpt2-like": {},
+    "swiglu-rmsnorm-gqa": dict(activation="swiglu", norm_type="rmsnorm", n_kv_heads=2,
+                               bias=False),
+    "gelu_tanh": dict(activation="gelu_tanh"),
+    "relu": dict(activation="relu", n_kv_heads=1),
+    "relu2-head-dim-12": dict(activation="relu2", d_model=48, n_heads=4),
+    "layernorm-no-bias": dict(bias=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_kernel_step_equals_the_modules_step(name: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(**CONFIGS[name])
+    spy = _Spy(monkeypatch)
+    fused, fused_kv = _steps(model)
+    assert spy.served == 12 * model.config.n_layers and spy.declined == 0
+    with decode_block.disabled():
+        ref, ref_kv = _steps(model)
+    assert spy.served == 12 * model.config.n_layers  # disabled: not even asked
+    scale = float(ref.abs().max())
+    assert float((fused - ref).abs().max()) <= REL * scale, name
+    assert float((fused_kv - ref_kv).abs().max()) <= REL * float(ref_kv.abs().max())
+
+
+def test_one_block_output_and_cache_column_match() -> None:
+    """The block alone on the same input and cache: output and written column."""
+    model = _model(activation="swiglu", norm_type="rmsnorm", n_kv_heads=2)
+    block = model.blocks[0]
+    torch.manual_seed(2)
+    x = torch.randn(1, 1, 64)
+    kv = KVCache(1, 2, 9, 16)
+    kv.kv[..., :6, :] = torch.randn(1, 4, 6, 16)
+    twin = KVCache(1, 2, 9, 16)
+    twin.kv.copy_(kv.kv)
+    with torch.inference_mode():
+        y = block(x, cache=kv, cache_start=6)
+        with decode_block.disabled():
+            y_ref = block(x, cache=twin, cache_start=6)
+    assert float((y - y_ref).abs().max()) <= REL * float(y_ref.abs().max())
+    assert float((kv.kv[..., 6, :] - twin.kv[..., 6, :]).abs().max()) <= REL * float(
+        twin.kv[..., 6, :].abs().max())
+    assert torch.equal(kv.kv[..., 7:, :], twin.kv[..., 7:, :])  # nothing written past it
+
+
+def test_every_path_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(n_kv_heads=2)
+    lib = decode_block._LIB
+    lib.lib()
+    outs = {}
+    for level in range(lib.best + 1):
+        monkeypatch.setattr(lib, "default", level)
+        outs[ISA_NAMES[level]] = _steps(model)
+    first = next(iter(outs.values()))
+    for name, (logits, kv) in outs.items():
+        assert torch.equal(logits, first[0]) and torch.equal(kv, first[1]), name
+
+
+def test_greedy_tokens_are_the_modules_tokens() -> None:
+    from handformer.generate import generate
+
+    model = _model(n_layers=3)
+    prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(3))
+    fused = generate(model, prompt, 40, temperature=0.0)
+    with decode_block.disabled():
+        ref = generate(model, prompt, 40, temperature=0.0)
+    assert torch.equal(fused, ref)
+
+
+DECLINED: dict[str, Callable[[], DecoderLM]] = {
+    "float weights": lambda: DecoderLM(ModelConfig(vocab_size=61, d_model=64, n_heads=4,
+                                                   n_layers=2, max_len=48)).eval(),
+    "rope": lambda: _model(positional="rope"),
+    "alibi": lambda: _model(positional="alibi"),
+    "qk-norm": lambda: _model(qk_norm=True),
+    "post-norm": lambda: _model(norm="post"),
+    "manual attention": lambda: _model(attention="manual"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECLINED))
+def test_blocks_it_was_not_written_for_run_their_modules(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = DECLINED[name]()
+    spy = _Spy(monkeypatch)
+    _steps(model, 3)
+    assert spy.served == 0 and spy.declined == 3 * model.config.n_layers
+
+
+def test_a_batch_a_gradient_or_bfloat16_runs_the_modules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    spy = _Spy(monkeypatch)
+    with torch.inference_mode():
+        cache = model.make_cache(2, 8)
+        model(torch.randint(0, 61, (2, 3)), cache=cache)
+        model(torch.randint(0, 61, (2, 1)), cache=cache)  # two requests: not asked
+    assert spy.served == spy.declined == 0
+    cache = model.make_cache(1, 8)
+    with torch.no_grad():
+        model(torch.randint(0, 61, (1, 3)), cache=cache)
+    x = model(torch.randint(0, 61, (1, 1)), cache=cache)  # gradients on: declined
+    assert spy.declined == 2 and spy.served == 0 and x.requires_grad
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    with torch.inference_mode():
+        cache = half.make_cache(1, 8)  # bfloat16, as the parameters
+        half(torch.randint(0, 61, (1, 3)), cache=cache)
+        half(torch.randint(0, 61, (1, 1)), cache=cache)
+    assert spy.served == 0
+
+
+def test_hooks_and_attention_captures_still_see_every_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    spy = _Spy(monkeypatch)
+    seen: list[tuple[int, ...]] = []
+    handle = model.blocks[1].ffn.fc_in.register_forward_hook(
+        lambda _m, _a, out: seen.append(tuple(out.shape)))
+    _steps(model, 4)
+    handle.remove()
+    assert len(seen) == 5 and spy.served == 4  # block 0 fused, block 1 watched
+    with capture_attention(model) as records:
+        _steps(model, 4)
+    assert len(records) == 2 * 5
+    assert spy.served == 4  # captures: every block ran its modules
+
+
+def test_new_weights_are_read_and_replaced_layers_rebound() -> None:
+    model = _model()
+    before, _ = _steps(model, 3)
+    other = _model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.5)
+        for b in other.buffers():
+            if b.dtype == torch.float32:
+                b.mul_(1.5)
+    model.load_state_dict(other.state_dict())  # copied in place: same memory, new values
+    after, _ = _steps(model, 3)
+    with decode_block.disabled():
+        ref, _ = _steps(model, 3)
+    assert not torch.allclose(before, after)
+    assert float((after - ref).abs().max()) <= REL * float(ref.abs().max())
+    swapped = _model(activation="relu")  # a layer replaced by another object
+    model.blocks[0].ffn = swapped.blocks[0].ffn
+    after, _ = _steps(model, 3)
+    with decode_block.disabled():
+        ref, _ = _steps(model, 3)
+    assert float((after - ref).abs().max()) <= REL * float(ref.abs().max())
+
+
+def test_a_full_cache_is_the_modules_overflow_error() -> None:
+    model = _model()
+    with torch.inference_mode():
+        cache = model.make_cache(1, 4)
+        model(torch.randint(0, 61, (1, 4)), cache=cache)
+        with pytest.raises(ValueError, match="KV cache overflow"):
+            model(torch.randint(0, 61, (1, 1)), cache=cache)
+
+
+def test_a_non_finite_input_gives_nan_not_a_crash() -> None:
+    block = _model().blocks[0]
+    x = torch.full((1, 1, 64), float("nan"))
+    with torch.inference_mode():
+        y = block(x, cache=KVCache(1, 4, 3, 16), cache_start=0)
+    assert torch.isnan(y).all()
