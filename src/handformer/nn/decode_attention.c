@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "scratch.h"
+
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 int hf_decode_best_isa(void) {
@@ -158,7 +160,7 @@ int hf_decode_attention(int isa, const float *q, const int64_t *q_base, int64_t 
                         float scale, float *out) {
     int64_t widest = 1;
     for (int64_t i = 0; i < n_seg; i++) widest = keys[i] > widest ? keys[i] : widest;
-    float *scratch = malloc((size_t)widest * sizeof(float));
+    float *scratch = hf_take((size_t)widest * sizeof(float));
     if (scratch == NULL) return -1;
     int vector_ok = d_len % 16 == 0;
     dot_fn dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
@@ -176,6 +178,6 @@ int hf_decode_attention(int isa, const float *q, const int64_t *q_base, int64_t 
                         wsum);
         }
     }
-    free(scratch);
+    hf_give(scratch);
     return 0;
 }

@@ -46,7 +46,8 @@ def _bind(lib: ctypes.CDLL) -> None:
                      ctypes.c_float, ctypes.c_void_p]
 
 
-_LIB = NativeLibrary("decode_attention.c", "hf_decode_best_isa", _ATEN_CAP, _bind)
+_LIB = NativeLibrary("decode_attention.c", "hf_decode_best_isa", _ATEN_CAP, _bind,
+                     includes=("scratch.h",))
 
 
 def decode_status() -> str | None:

@@ -122,11 +122,12 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     int64_t widest_k = b->fc_out.k > c ? b->fc_out.k : c;
     if (b->out_proj.k > widest_k) widest_k = b->out_proj.k;
     int64_t floats = 2 * c + b->in_proj.n + b->out_proj.k + b->fc_in.n + b->fc_out.k + (t + 1);
-    float *buf = malloc((size_t)floats * sizeof(float) + (size_t)(widest_k + 1) * sizeof(int16_t));
-    if (buf == NULL) return -1;
-    float *h = buf, *x1 = h + c, *qkv = x1 + c, *att = qkv + b->in_proj.n;
+    size_t xq_bytes = ((size_t)(widest_k + 1) * sizeof(int16_t) + 63) & ~(size_t)63;
+    char *mem = hf_take(xq_bytes + (size_t)floats * sizeof(float));
+    if (mem == NULL) return -1;
+    int16_t *xq = (int16_t *)mem; /* each product's input grid, 64-byte aligned */
+    float *h = (float *)(mem + xq_bytes), *x1 = h + c, *qkv = x1 + c, *att = qkv + b->in_proj.n;
     float *f = att + b->out_proj.k, *g = f + b->fc_in.n, *scores = g + b->fc_out.k;
-    int16_t *xq = (int16_t *)(scores + t + 1);
     int vector_ok = d % 16 == 0; /* as hf_decode_attention picks its loops */
     dot_fn dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
                              : isa == ISA_AVX2              ? dot_avx2
@@ -156,6 +157,6 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     activate(b->activation, f, b->fc_out.k, g);
     product(isa, &b->fc_out, g, xq, y);
     for (int64_t i = 0; i < c; i++) y[i] = x1[i] + y[i];
-    free(buf);
+    hf_give(mem);
     return 0;
 }

@@ -10,10 +10,11 @@ products and attention (same bits), and the norms and activation in plain C.
 
 It is a kernel, chosen per call like attention's: ``TransformerBlock.forward`` asks ``step``
 first, and ``step`` declines (returns None) for anything but the case it was written for —
-one token of one request (x (1, 1, C) float32 on the CPU) with a contiguous float32 cache,
-no mask, no gradient, not under ``torch.compile``, a pre-norm block without cross-attention,
-RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every projection an ``Int8Linear`` the C loop
-serves, attention not pinned to ``manual`` — and whenever something watches the block's
+one token of one request (x (1, 1, C) float32 on the CPU) with a contiguous float32
+``KVCache`` (not serving's paged one), no mask, no gradient, not under ``torch.compile``, a
+pre-norm block without cross-attention, RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every
+projection an ``Int8Linear`` the C loop serves, attention not pinned to ``manual`` — and
+whenever something watches the block's
 modules (a forward hook, ``capture_attention``'s wrapper), so that hooks and captures still
 see every step. ``disabled()`` turns it off for a block of code (tests hold the two paths
 equal; benchmarks time both). The path (AVX-512 VNNI, AVX-512, AVX2, plain C) is the int8
@@ -34,13 +35,13 @@ import torch
 from torch import Tensor, nn
 
 from handformer.nn.feedforward import ACTIVATIONS
+from handformer.nn.kv_cache import KVCache
 from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
 from handformer.nn.quantized import Int8Linear
 
 if TYPE_CHECKING:
     from handformer.nn.block import TransformerBlock
-    from handformer.nn.kv_cache import KVCache
 
 __all__ = ["block_step_status", "disabled", "step"]
 
@@ -68,7 +69,7 @@ def _bind(lib: ctypes.CDLL) -> None:
 
 
 _LIB = NativeLibrary("decode_block.c", "hf_block_best_isa", _ATEN_CAP, _bind,
-                     includes=("decode_attention.c", "int8_kernel.c"))
+                     includes=("decode_attention.c", "int8_kernel.c", "scratch.h"))
 _OFF = threading.local()  # .depth > 0 inside disabled()
 # block → its binding; weak, so a dropped model frees its binding (which holds its tensors)
 _BOUND: weakref.WeakKeyDictionary[nn.Module, _Binding] = weakref.WeakKeyDictionary()
@@ -197,7 +198,8 @@ def step(block: TransformerBlock, x: Tensor, cache: KVCache, start: int) -> Tens
     ``start`` of ``cache`` → (1, 1, C); None where the kernel does not serve this call (see
     the module docstring): the caller then runs the modules."""
     if (getattr(_OFF, "depth", 0) or torch.is_grad_enabled() or x.dtype != torch.float32
-            or not x.is_cpu or not x.is_contiguous() or cache.row_spans is not None
+            or not x.is_cpu or not x.is_contiguous() or type(cache) is not KVCache
+            or cache.row_spans is not None
             or torch.compiler.is_compiling() or _hooked_globally()):
         return None
     parts = _parts(block)

@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "scratch.h"
+
 #define CHUNK 4096
 #define PREFETCH_ROWS 8
 #define XQ_MAX 32767.0f
@@ -392,13 +394,12 @@ int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
                        : isa == ISA_AVX512    ? linear_avx512
                        : isa == ISA_AVX2      ? linear_avx2
                                               : linear_scalar;
-    int16_t *xq = malloc((size_t)(m_len * k_len + 1) * sizeof(int16_t));
-    float *sx = malloc((size_t)(m_len + 1) * sizeof(float));
-    if (xq == NULL || sx == NULL) {
-        free(xq);
-        free(sx);
-        return -1;
-    }
+    /* sx (M floats), then the grid (M · K int16), 64-byte aligned */
+    size_t sx_bytes = ((size_t)(m_len + 1) * sizeof(float) + 63) & ~(size_t)63;
+    char *mem = hf_take(sx_bytes + (size_t)(m_len * k_len + 1) * sizeof(int16_t));
+    if (mem == NULL) return -1;
+    float *sx = (float *)mem;
+    int16_t *xq = (int16_t *)(mem + sx_bytes);
     scan_fn scan = isa >= ISA_AVX512 ? scan_avx512 : isa == ISA_AVX2 ? scan_avx2 : scan_none;
     round_fn round_row = isa >= ISA_AVX512 ? round_avx512
                          : isa == ISA_AVX2 ? round_avx2
@@ -413,7 +414,6 @@ int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
         row1(xq, sx, q, scale, bias, n_len, k_len, y);
     else
         linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
-    free(xq);
-    free(sx);
+    hf_give(mem);
     return 0;
 }

@@ -37,7 +37,8 @@ def _bind(lib: ctypes.CDLL) -> None:
                                    *[ctypes.c_int64] * 3, ctypes.c_void_p]
 
 
-_NATIVE = NativeLibrary("int8_kernel.c", "hf_int8_best_isa", _ATEN_CAP, _bind)
+_NATIVE = NativeLibrary("int8_kernel.c", "hf_int8_best_isa", _ATEN_CAP, _bind,
+                        includes=("scratch.h",))
 
 
 def native_status() -> str | None:
