@@ -231,6 +231,28 @@ MUTANTS: tuple[Mutant, ...] = (
         "a packed batch's segments read their keys from the wrong place in the gathered copy",
     ),
     Mutant(
+        "decode_block_residual_dropped", "nn/decode_block.c",
+        "for (int64_t i = 0; i < c; i++) y[i] = x1[i] + y[i];",
+        "for (int64_t i = 0; i < c; i++) y[i] = y[i];",
+        ("tests/nn/test_decode_block.py",),
+        "the block kernel returns the feed-forward's output without the residual stream",
+    ),
+    Mutant(
+        "decode_block_own_key_left_out", "nn/decode_block.c",
+        "k0 + hkv * head_stride, t + 1, d, d,",
+        "k0 + hkv * head_stride, t > 0 ? t : 1, d, d,",
+        ("tests/nn/test_decode_block.py",),
+        "the block kernel writes the token's key and value but attends only to the earlier ones",
+    ),
+    Mutant(
+        "decode_block_blind_to_hooks", "nn/decode_block.py",
+        "    return bool(module._forward_hooks or module._forward_pre_hooks\n",
+        "    return False and bool(module._forward_hooks or module._forward_pre_hooks\n",
+        ("tests/nn/test_decode_block.py",),
+        "the block kernel runs even where a hook or an attention capture watches a module, "
+        "which then misses those steps",
+    ),
+    Mutant(
         "decode_mixed_step_one_repeated", "nn/attention.py",
         "            done += 1\n            continue\n",
         "            continue\n",

@@ -49,6 +49,7 @@ from handformer.generate import generate
 from handformer.machine import describe_machine, machine_line
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
+from handformer.nn import decode_block
 from handformer.nn.int8_native import NativeProduct, native_isa, native_status
 from handformer.nn.quantized import Int8Linear, compile_seconds, quantize_weight
 
@@ -153,8 +154,18 @@ def _greedy(model: nn.Module, setup: Setup) -> Callable[[], Tensor]:
     return lambda: generate(model, setup.prompt, setup.case.new_tokens, temperature=0)
 
 
+def _greedy_module_by_module(model: nn.Module, setup: Setup) -> Callable[[], Tensor]:
+    """``_greedy`` with the block kernel off (``nn.decode_block``): each module called in
+    turn, as every model ran before that kernel — what it gains, in the same run."""
+    def run() -> Tensor:
+        with decode_block.disabled():
+            return generate(model, setup.prompt, setup.case.new_tokens, temperature=0)
+    return run
+
+
 def handformer_contenders(setup: Setup) -> list[Contender]:
-    """handformer with the KV cache: float32, bfloat16 and int8 weights (fp32 activations)."""
+    """handformer with the KV cache: float32, bfloat16 and int8 weights (fp32 activations);
+    int8 twice, with its block kernel and module by module."""
     fp32 = setup.model
     bf16 = copy.deepcopy(fp32).to(torch.bfloat16)
     int8 = quantize_int8(fp32)
@@ -166,6 +177,9 @@ def handformer_contenders(setup: Setup) -> list[Contender]:
                   step_bytes(bf16, ctx, torch.bfloat16)),
         Contender("handformer int8", "int8", _greedy(int8, setup),
                   step_bytes(int8, ctx, torch.float32), note="weights int8, activations fp32"),
+        Contender("handformer int8, module by module", "int8",
+                  _greedy_module_by_module(int8, setup), step_bytes(int8, ctx, torch.float32),
+                  note="the block kernel off: each module's own call"),
     ]
 
 

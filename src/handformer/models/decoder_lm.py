@@ -7,7 +7,10 @@ model returns logits; losses live in ``handformer.loss``.
 For decoding, ``make_cache`` builds a ``DecoderCache`` that the caller passes back into
 ``forward``: the cache is explicit state, never hidden on the module. A decoding step is
 ``forward`` itself with one new token per row — there is no second, hand-kept copy of the
-layers for speed, so hooks and attention captures see every step. What keeps the step lean:
+model for speed. (A block of an int8 model may run one request's step as one C call,
+``nn.decode_block``: a kernel of that block's own arithmetic, tested equal to its modules,
+which steps aside whenever a hook or a capture watches a module — so hooks and attention
+captures still see every step.) What keeps the step lean:
 ``validate=False`` for ids the caller produced (``generate``'s own samples), no causal mask
 for a lone query at the end of the keys, and no key mask unless the cache holds padding.
 
