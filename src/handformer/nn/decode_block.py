@@ -29,7 +29,6 @@ import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
@@ -39,9 +38,6 @@ from handformer.nn.kv_cache import KVCache
 from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
 from handformer.nn.quantized import Int8Linear
-
-if TYPE_CHECKING:
-    from handformer.nn.block import TransformerBlock
 
 __all__ = ["block_step_status", "disabled", "step"]
 
@@ -103,7 +99,7 @@ def _hooked_globally() -> bool:
     return bool(g._global_forward_hooks or g._global_forward_pre_hooks)
 
 
-def _parts(block: TransformerBlock) -> tuple[nn.Module, ...] | None:
+def _parts(block: nn.Module) -> tuple[nn.Module, ...] | None:
     """(self_attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2), or None where the
     block is not one the kernel runs or a module of it is watched. Dict reads, not
     attribute lookups: this runs once per block and token."""
@@ -156,7 +152,7 @@ def _tensors(parts: tuple[nn.Module, ...]) -> tuple[Tensor, ...]:
     return tuple(t for t in out if t is not None)
 
 
-def _bind_block(block: TransformerBlock, parts: tuple[nn.Module, ...],
+def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
                 tensors: tuple[Tensor, ...]) -> _Binding:
     attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2 = parts
     n1, n2 = _norm_tensors(norm1), _norm_tensors(norm2)
@@ -193,7 +189,7 @@ def _bind_block(block: TransformerBlock, parts: tuple[nn.Module, ...],
     return _Binding(c_block, tensors)
 
 
-def step(block: TransformerBlock, x: Tensor, cache: KVCache, start: int) -> Tensor | None:
+def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | None:
     """The block's decoding step for x (1, 1, C) with its keys and values written at column
     ``start`` of ``cache`` → (1, 1, C); None where the kernel does not serve this call (see
     the module docstring): the caller then runs the modules."""
