@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from handformer.capture import capture_attention
+from handformer.capture import capture_attention, forced_attention_kind
 from handformer.config import ModelConfig
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
@@ -239,3 +239,22 @@ def test_a_non_finite_input_gives_nan_not_a_crash() -> None:
     with torch.inference_mode():
         y = block(x, cache=KVCache(1, 4, 3, 16), cache_start=0)
     assert torch.isnan(y).all()
+
+
+def test_a_kind_forced_to_manual_after_binding_runs_the_modules(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forced_attention_kind`` flips a bound block's kind: read per call, not at binding."""
+    model = _model()
+    _steps(model, 2)  # bound
+    spy = _Spy(monkeypatch)
+    with forced_attention_kind(model, "manual"):
+        _steps(model, 3)
+    assert spy.served == 0 and spy.declined == 3 * model.config.n_layers
+    _steps(model, 3)
+    assert spy.served == 3 * model.config.n_layers
+
+
+def test_one_row_against_a_two_row_cache_is_the_modules_error() -> None:
+    block = _model().blocks[0]
+    with torch.inference_mode(), pytest.raises(ValueError, match="do not fit the cache"):
+        block(torch.randn(1, 1, 64), cache=KVCache(2, 4, 3, 16), cache_start=0)

@@ -11,14 +11,15 @@ products and attention (same bits), and the norms and activation in plain C.
 It is a kernel, chosen per call like attention's: ``TransformerBlock.forward`` asks ``step``
 first, and ``step`` declines (returns None) for anything but the case it was written for —
 one token of one request (x (1, 1, C) float32 on the CPU) with a contiguous float32
-``KVCache`` (not serving's paged one), no mask, no gradient, not under ``torch.compile``, a
-pre-norm block without cross-attention, RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every
-projection an ``Int8Linear`` the C loop serves, attention not pinned to ``manual`` — and
-whenever something watches the block's
-modules (a forward hook, ``capture_attention``'s wrapper), so that hooks and captures still
-see every step. ``disabled()`` turns it off for a block of code (tests hold the two paths
-equal; benchmarks time both). The path (AVX-512 VNNI, AVX-512, AVX2, plain C) is the int8
-loop's, capped by ATen's level; every path gives the same bits.
+``KVCache`` (not serving's paged one), no mask, no gradient, not under ``torch.compile`` or
+a tracer (the C call would not be recorded), a pre-norm block without cross-attention,
+RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every projection an ``Int8Linear`` the C loop
+serves, attention not set to ``manual`` (read at every call: ``forced_attention_kind``
+switches it) — and whenever something watches the block's modules (a forward hook,
+``capture_attention``'s wrapper), so that hooks and captures still see every step.
+``disabled()`` turns it off for a block of code (tests hold the two paths equal; benchmarks
+time both). The path (AVX-512 VNNI, AVX-512, AVX2, plain C) is the int8 loop's, capped by
+ATen's level; every path gives the same bits.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
     linears = (in_proj, out_proj, fc_in, fc_out)
     ok = (block.norm == "pre" and n1 is not None and n2 is not None and n1[:2] == n2[:2]
           and getattr(attn, "positional", None) == "none" and attn.q_norm is None
-          and attn.k_norm is None and attn.attention != "manual"
+          and attn.k_norm is None
           and ffn.activation in ACTIVATIONS
           and all(isinstance(m, Int8Linear) and m.kernel in ("auto", "native")
                   for m in linears)
@@ -196,7 +197,7 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
     if (getattr(_OFF, "depth", 0) or torch.is_grad_enabled() or x.dtype != torch.float32
             or not x.is_cpu or not x.is_contiguous() or type(cache) is not KVCache
             or cache.row_spans is not None
-            or torch.compiler.is_compiling() or _hooked_globally()):
+            or torch.compiler.is_compiling() or torch.jit.is_tracing() or _hooked_globally()):
         return None
     parts = _parts(block)
     if parts is None:
@@ -211,9 +212,10 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
         binding = _bind_block(block, parts, tensors)
         _BOUND[block] = binding
     c_block = binding.block
-    if c_block is None or kv.shape[1] != 2 * c_block.n_kv_heads or kv.shape[3] != \
-            c_block.head_dim or x.shape[2] != c_block.d_model:
-        return None
+    if (c_block is None or parts[0].attention == "manual" or kv.shape[0] != 1
+            or kv.shape[1] != 2 * c_block.n_kv_heads or kv.shape[3] != c_block.head_dim
+            or x.shape[2] != c_block.d_model):
+        return None  # attention's kind is read per call: forced_attention_kind switches it
     lib = _LIB.lib()
     if lib is None:
         return None
