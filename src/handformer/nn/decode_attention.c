@@ -130,6 +130,18 @@ WSUM(wsum_avx512, "avx512f", __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps, _m
 typedef float (*dot_fn)(const float *, const float *, int64_t);
 typedef void (*wsum_fn)(const float *, const float *, int64_t, int64_t, int64_t, float *);
 
+/* The dot product and weighted sum of path `isa`; head dims that are not a multiple of 16
+ * take the plain ones. */
+static void pick_loops(int isa, int64_t d_len, dot_fn *dot, wsum_fn *wsum) {
+    int vector_ok = d_len % 16 == 0;
+    *dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
+                      : isa == ISA_AVX2              ? dot_avx2
+                                                     : dot_scalar;
+    *wsum = !vector_ok ? wsum_scalar : isa >= ISA_AVX512 ? wsum_avx512
+                       : isa == ISA_AVX2              ? wsum_avx2
+                                                      : wsum_scalar;
+}
+
 /* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. */
 static void attend_head(const float *q, const float *k0, const float *v0, int64_t n_keys,
                         int64_t token_stride, int64_t d_len, float scale, float *scratch,
@@ -162,13 +174,9 @@ int hf_decode_attention(int isa, const float *q, const int64_t *q_base, int64_t 
     for (int64_t i = 0; i < n_seg; i++) widest = keys[i] > widest ? keys[i] : widest;
     float *scratch = hf_take((size_t)widest * sizeof(float));
     if (scratch == NULL) return -1;
-    int vector_ok = d_len % 16 == 0;
-    dot_fn dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
-                             : isa == ISA_AVX2              ? dot_avx2
-                                                            : dot_scalar;
-    wsum_fn wsum = !vector_ok ? wsum_scalar : isa >= ISA_AVX512 ? wsum_avx512
-                               : isa == ISA_AVX2              ? wsum_avx2
-                                                              : wsum_scalar;
+    dot_fn dot;
+    wsum_fn wsum;
+    pick_loops(isa, d_len, &dot, &wsum);
     int64_t group = h_len / hkv_len;
     for (int64_t i = 0; i < n_seg; i++) {
         for (int64_t h = 0; h < h_len; h++) {

@@ -128,13 +128,9 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     int16_t *xq = (int16_t *)mem; /* each product's input grid, 64-byte aligned */
     float *h = (float *)(mem + xq_bytes), *x1 = h + c, *qkv = x1 + c, *att = qkv + b->in_proj.n;
     float *f = att + b->out_proj.k, *g = f + b->fc_in.n, *scores = g + b->fc_out.k;
-    int vector_ok = d % 16 == 0; /* as hf_decode_attention picks its loops */
-    dot_fn dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
-                             : isa == ISA_AVX2              ? dot_avx2
-                                                            : dot_scalar;
-    wsum_fn wsum = !vector_ok ? wsum_scalar : isa >= ISA_AVX512 ? wsum_avx512
-                               : isa == ISA_AVX2              ? wsum_avx2
-                                                              : wsum_scalar;
+    dot_fn dot;
+    wsum_fn wsum;
+    pick_loops(isa, d, &dot, &wsum); /* both 512-bit product paths take its AVX-512 */
 
     norm(b, x, b->norm1_w, b->norm1_b, h);
     product(isa, &b->in_proj, h, xq, qkv); /* H query heads, Hkv key heads, Hkv value heads */
