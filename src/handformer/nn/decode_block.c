@@ -34,6 +34,7 @@
 #include "int8_kernel.c"
 
 enum { NORM_LAYER = 0, NORM_RMS = 1 };
+/* In the order of nn/feedforward.py's ACTIVATIONS: decode_block.py passes the index. */
 enum { ACT_GELU = 0, ACT_GELU_TANH = 1, ACT_RELU = 2, ACT_RELU2 = 3, ACT_SWIGLU = 4 };
 
 struct hf_linear {

@@ -182,7 +182,8 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
         return _Binding(None, tensors)
     structs = [_linear(m) for m in linears]  # type: ignore[arg-type]
     c_block = _Block(
-        c, attn.n_heads, attn.n_kv_heads, d, n1[0], ACTIVATIONS.index(ffn.activation),
+        c, attn.n_heads, attn.n_kv_heads, d, n1[0],
+        ACTIVATIONS.index(ffn.activation),  # decode_block.c's ACT_* follow this order
         n1[1], 1.0 / math.sqrt(d),
         n1[2].data_ptr(), None if n1[3] is None else n1[3].data_ptr(),
         n2[2].data_ptr(), None if n2[3] is None else n2[3].data_ptr(),
