@@ -76,21 +76,10 @@ static void norm(const struct hf_block *b, const float *x, const float *w, const
     }
 }
 
-/* y (N) = x (K) · (q · scale)ᵀ + bias: hf_int8_linear's one-row order, its scratch given. */
+/* y (N) = x (K) · (q · scale)ᵀ + bias: hf_int8_linear's one row, in the step's scratch. */
 static void product(int isa, const struct hf_linear *l, const float *x, int16_t *xq, float *y) {
-    scan_fn scan = isa >= ISA_AVX512 ? scan_avx512 : isa == ISA_AVX2 ? scan_avx2 : scan_none;
-    round_fn round_row = isa >= ISA_AVX512 ? round_avx512
-                         : isa == ISA_AVX2 ? round_avx2
-                                           : round_none;
-    float sx = quantize_row(x, l->k, xq, scan, round_row);
-    if (isa >= ISA_AVX512_VNNI)
-        row1_avx512_vnni(xq, &sx, l->q, l->scale, l->bias, l->n, l->k, y);
-    else if (isa == ISA_AVX512)
-        row1_avx512(xq, &sx, l->q, l->scale, l->bias, l->n, l->k, y);
-    else if (isa == ISA_AVX2)
-        row1_avx2(xq, &sx, l->q, l->scale, l->bias, l->n, l->k, y);
-    else
-        linear_scalar(xq, &sx, l->q, l->scale, l->bias, 1, l->n, l->k, y);
+    float sx;
+    int8_product(isa, x, l->q, l->scale, l->bias, 1, l->n, l->k, &sx, xq, y);
 }
 
 static float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }

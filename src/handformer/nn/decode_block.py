@@ -124,11 +124,11 @@ def _norm_tensors(norm: nn.Module) -> tuple[int, float, Tensor, Tensor | None] |
     return None
 
 
-def _linear(layer: Int8Linear) -> tuple[_Linear, tuple[Tensor, ...]]:
+def _linear(layer: Int8Linear) -> _Linear:
     q, scale, bias = layer.qweight, layer.scale, layer.bias
     n, k = q.shape
-    return (_Linear(q.data_ptr(), scale.data_ptr(), None if bias is None else bias.data_ptr(),
-                    n, k), (q, scale) if bias is None else (q, scale, bias))
+    return _Linear(q.data_ptr(), scale.data_ptr(), None if bias is None else bias.data_ptr(),
+                   n, k)
 
 
 class _Binding:
@@ -141,7 +141,12 @@ class _Binding:
     def __init__(self, block: _Block | None, tensors: tuple[Tensor, ...]) -> None:
         self.block = block  # None: the block is not one the kernel runs
         self.tensors = tensors
-        self.key = tuple((id(t), t.data_ptr()) for t in tensors)
+        self.key = _key(tensors)
+
+
+def _key(tensors: tuple[Tensor, ...]) -> tuple[tuple[int, int], ...]:
+    """Which tensors, at which addresses: a binding holds while this stays the same."""
+    return tuple((id(t), t.data_ptr()) for t in tensors)
 
 
 def _tensors(parts: tuple[nn.Module, ...]) -> tuple[Tensor, ...]:
@@ -180,14 +185,13 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
         and all(w.shape == (c,) for w in (n1[2], n2[2], n1[3], n2[3]) if w is not None))
     if not shapes_fit:
         return _Binding(None, tensors)
-    structs = [_linear(m) for m in linears]  # type: ignore[arg-type]
     c_block = _Block(
         c, attn.n_heads, attn.n_kv_heads, d, n1[0],
         ACTIVATIONS.index(ffn.activation),  # decode_block.c's ACT_* follow this order
         n1[1], 1.0 / math.sqrt(d),
         n1[2].data_ptr(), None if n1[3] is None else n1[3].data_ptr(),
         n2[2].data_ptr(), None if n2[3] is None else n2[3].data_ptr(),
-        *(s for s, _ in structs))
+        *(_linear(m) for m in linears))  # type: ignore[arg-type]
     return _Binding(c_block, tensors)
 
 
@@ -209,7 +213,7 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
         return None  # the modules' path says what is wrong (an overflow, a dtype)
     tensors = _tensors(parts)
     binding = _BOUND.get(block)
-    if binding is None or binding.key != tuple((id(t), t.data_ptr()) for t in tensors):
+    if binding is None or binding.key != _key(tensors):
         binding = _bind_block(block, parts, tensors)
         _BOUND[block] = binding
     c_block = binding.block

@@ -386,20 +386,13 @@ typedef void (*row1_fn) ROW1_ARGS;
 typedef void (*linear_fn)(const int16_t *, const float *, const int8_t *, const float *,
                           const float *, int64_t, int64_t, int64_t, float *);
 
-/* y (M, N) = x (M, K) · (q (N, K) · scale)ᵀ + bias on path `isa` (at most hf_int8_best_isa()).
- * Returns 0, or -1 where the scratch for x's grid cannot be allocated (y is then untouched). */
-int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
-                   const float *bias, int64_t m_len, int64_t n_len, int64_t k_len, float *y) {
-    linear_fn linear = isa >= ISA_AVX512_VNNI ? linear_avx512_vnni
-                       : isa == ISA_AVX512    ? linear_avx512
-                       : isa == ISA_AVX2      ? linear_avx2
-                                              : linear_scalar;
-    /* sx (M floats), then the grid (M · K int16), 64-byte aligned */
-    size_t sx_bytes = ((size_t)(m_len + 1) * sizeof(float) + 63) & ~(size_t)63;
-    char *mem = hf_take(sx_bytes + (size_t)(m_len * k_len + 1) * sizeof(int16_t));
-    if (mem == NULL) return -1;
-    float *sx = (float *)mem;
-    int16_t *xq = (int16_t *)(mem + sx_bytes);
+/* y (M, N) = x (M, K) · (q (N, K) · scale)ᵀ + bias on path `isa`, in memory the caller gives:
+ * sx (M floats) and xq (M · K int16) for x's grids. One input row goes row1_* (the plain
+ * path has none), several go the tiles. hf_int8_linear and the block kernel
+ * (decode_block.c) both call it. */
+static void int8_product(int isa, const float *x, const int8_t *q, const float *scale,
+                         const float *bias, int64_t m_len, int64_t n_len, int64_t k_len,
+                         float *sx, int16_t *xq, float *y) {
     scan_fn scan = isa >= ISA_AVX512 ? scan_avx512 : isa == ISA_AVX2 ? scan_avx2 : scan_none;
     round_fn round_row = isa >= ISA_AVX512 ? round_avx512
                          : isa == ISA_AVX2 ? round_avx2
@@ -410,10 +403,26 @@ int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
                    : isa == ISA_AVX512    ? row1_avx512
                    : isa == ISA_AVX2      ? row1_avx2
                                           : NULL;
+    linear_fn linear = isa >= ISA_AVX512_VNNI ? linear_avx512_vnni
+                       : isa == ISA_AVX512    ? linear_avx512
+                       : isa == ISA_AVX2      ? linear_avx2
+                                              : linear_scalar;
     if (m_len == 1 && row1 != NULL)
         row1(xq, sx, q, scale, bias, n_len, k_len, y);
     else
         linear(xq, sx, q, scale, bias, m_len, n_len, k_len, y);
+}
+
+/* y (M, N) = x (M, K) · (q (N, K) · scale)ᵀ + bias on path `isa` (at most hf_int8_best_isa()).
+ * Returns 0, or -1 where the scratch for x's grid cannot be allocated (y is then untouched). */
+int hf_int8_linear(int isa, const float *x, const int8_t *q, const float *scale,
+                   const float *bias, int64_t m_len, int64_t n_len, int64_t k_len, float *y) {
+    /* sx (M floats), then the grid (M · K int16), 64-byte aligned */
+    size_t sx_bytes = ((size_t)(m_len + 1) * sizeof(float) + 63) & ~(size_t)63;
+    char *mem = hf_take(sx_bytes + (size_t)(m_len * k_len + 1) * sizeof(int16_t));
+    if (mem == NULL) return -1;
+    int8_product(isa, x, q, scale, bias, m_len, n_len, k_len, (float *)mem,
+                 (int16_t *)(mem + sx_bytes), y);
     hf_give(mem);
     return 0;
 }
