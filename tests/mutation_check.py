@@ -253,6 +253,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "which then misses those steps",
     ),
     Mutant(
+        "decode_stack_blind_to_block_hooks", "nn/decode_block.py",
+        "        c_block = None if _watched(block) else _bound_block(block, x, cache, start)\n",
+        "        c_block = _bound_block(block, x, cache, start)\n",
+        ("tests/nn/test_decode_block.py",),
+        "the stack kernel runs every block in one call even where a hook watches a block "
+        "itself, which then misses those steps",
+    ),
+    Mutant(
         "decode_mixed_step_one_repeated", "nn/attention.py",
         "            done += 1\n            continue\n",
         "            continue\n",

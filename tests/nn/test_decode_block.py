@@ -55,11 +55,14 @@ def _steps(model: DecoderLM, n: int = 12) -> tuple[Tensor, Tensor]:
 
 
 class _Spy:
-    """Wraps ``decode_block.step``: how many calls it served and how many it declined."""
+    """Wraps ``decode_block.step`` and ``stack_step``: how many block steps the kernel served
+    (a served stack counts each of its blocks; ``stacks`` counts the stack calls served) and
+    how many ``step`` declined (a declined stack falls back to ``step`` per block)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.served = self.declined = 0
+        self.served = self.declined = self.stacks = 0
         original: Callable[..., Tensor | None] = decode_block.step
+        original_stack: Callable[..., Tensor | None] = decode_block.stack_step
 
         def spy(*args: object) -> Tensor | None:
             y = original(*args)
@@ -69,7 +72,15 @@ class _Spy:
                 self.served += 1
             return y
 
+        def stack_spy(blocks: list[object], *args: object) -> Tensor | None:
+            y = original_stack(blocks, *args)
+            if y is not None:
+                self.served += len(blocks)
+                self.stacks += 1
+            return y
+
         monkeypatch.setattr(decode_block, "step", spy)
+        monkeypatch.setattr(decode_block, "stack_step", stack_spy)
 
 
 CONFIGS = {
@@ -198,6 +209,42 @@ def test_hooks_and_attention_captures_still_see_every_step(
         _steps(model, 4)
     assert len(records) == 2 * 5
     assert spy.served == 4  # captures: every block ran its modules
+
+
+def test_the_stack_is_one_call_per_token_with_the_blocks_own_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(n_layers=3)
+    spy = _Spy(monkeypatch)
+    stacked = _steps(model, 6)
+    assert spy.stacks == 6 and spy.served == 6 * 3 and spy.declined == 0
+    monkeypatch.setattr(decode_block, "stack_step", lambda *args: None)
+    by_block = _steps(model, 6)
+    assert spy.served == 2 * 6 * 3  # now block by block, every block still the kernel's
+    assert torch.equal(stacked[0], by_block[0]) and torch.equal(stacked[1], by_block[1])
+
+
+def test_a_hook_on_a_block_itself_sees_every_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    spy = _Spy(monkeypatch)
+    seen: list[tuple[int, ...]] = []
+    handle = model.blocks[0].register_forward_hook(
+        lambda _m, _a, out: seen.append(tuple(out.shape)))
+    _steps(model, 4)
+    handle.remove()
+    # the stack declined (a C call would skip the block's hook); each block still took
+    # the kernel alone, inside its own forward, so the hook saw all 5 calls
+    assert len(seen) == 5 and spy.stacks == 0 and spy.served == 2 * 4
+
+
+def test_a_stack_whose_caches_do_not_match_its_blocks_is_declined() -> None:
+    model = _model()
+    x = torch.randn(1, 1, 64)
+    cache = model.make_cache(1, 8)
+    with torch.inference_mode():
+        assert decode_block.stack_step(list(model.blocks), x, cache.layers[:1], 0) is None
+        assert decode_block.stack_step([], x, [], 0) is None
+        y = decode_block.stack_step(list(model.blocks), x, cache.layers, 0)
+    assert y is not None and y.shape == (1, 1, 64) and torch.isfinite(y).all()
 
 
 def test_new_weights_are_read_and_replaced_layers_rebound() -> None:

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from handformer.config import ModelConfig
 from handformer.models.embedding import TokenEmbedding
 from handformer.models.stack import build_blocks
+from handformer.nn import decode_block
 from handformer.nn.init import init_weights
 from handformer.nn.kv_cache import DecoderCache
 from handformer.nn.norm import make_norm
@@ -84,6 +85,14 @@ class Trunk(nn.Module):
             positions = torch.arange(x.shape[1], device=x.device)  # (T,)
         if key_positions is None:
             key_positions = positions
+        if cache is not None and mask is None and context is None and not self.training \
+                and x.shape[0] == 1 and x.shape[1] == 1:
+            # One token of one request: every block in one kernel call where it serves them
+            # all (``decode_block.stack_step``); else block by block, each of which may
+            # still take the kernel alone.
+            y = decode_block.stack_step(self.blocks, x, cache.layers, cache_start)
+            if y is not None:
+                return self.final_norm(y)  # (1, 1, C)
         for i, block in enumerate(self.blocks):
             x = block(
                 x, mask=mask, is_causal=is_causal, positions=positions,

@@ -146,3 +146,20 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     hf_give(mem);
     return 0;
 }
+
+/* A stack of blocks' decoding step in one call: block i reads what block i - 1 wrote, x → y
+ * through n blocks (all of width C), block i's cache kvs[i] of capacity caps[i]. `work`
+ * holds 2·C floats for the hidden states between blocks. One call instead of n spares the
+ * caller a return to Python between blocks, whose work there runs with caches the weights
+ * just streamed through. Returns 0, or -1 where a block's scratch cannot be allocated. */
+int hf_decode_stack(int isa, int64_t n, const struct hf_block *const *blocks,
+                    float *const *kvs, const int64_t *caps, int64_t t, const float *x,
+                    float *work, float *y) {
+    const float *in = x;
+    for (int64_t i = 0; i < n; i++) {
+        float *out = i == n - 1 ? y : work + (i % 2) * blocks[i]->d_model;
+        if (hf_decode_block(isa, blocks[i], in, kvs[i], caps[i], t, out) != 0) return -1;
+        in = out;
+    }
+    return 0;
+}

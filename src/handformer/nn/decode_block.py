@@ -28,7 +28,7 @@ import ctypes
 import math
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -40,7 +40,7 @@ from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
 from handformer.nn.quantized import Int8Linear
 
-__all__ = ["block_step_status", "disabled", "step"]
+__all__ = ["block_step_status", "disabled", "stack_step", "step"]
 
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # int8_kernel.c's ISA_* values
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -63,6 +63,9 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.hf_decode_block.restype = ctypes.c_int
     lib.hf_decode_block.argtypes = [ctypes.c_int, ctypes.POINTER(_Block), _P, _P, _I64, _I64,
                                     _P]
+    lib.hf_decode_stack.restype = ctypes.c_int
+    lib.hf_decode_stack.argtypes = [ctypes.c_int, _I64, ctypes.POINTER(ctypes.POINTER(_Block)),
+                                    ctypes.POINTER(_P), ctypes.POINTER(_I64), _I64, _P, _P, _P]
 
 
 _LIB = NativeLibrary("decode_block.c", "hf_block_best_isa", _ATEN_CAP, _bind,
@@ -195,14 +198,19 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
     return _Binding(c_block, tensors)
 
 
-def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | None:
-    """The block's decoding step for x (1, 1, C) with its keys and values written at column
-    ``start`` of ``cache`` → (1, 1, C); None where the kernel does not serve this call (see
-    the module docstring): the caller then runs the modules."""
-    if (getattr(_OFF, "depth", 0) or torch.is_grad_enabled() or x.dtype != torch.float32
-            or not x.is_cpu or not x.is_contiguous() or type(cache) is not KVCache
-            or cache.row_spans is not None
-            or torch.compiler.is_compiling() or torch.jit.is_tracing() or _hooked_globally()):
+def _serves(x: Tensor) -> bool:
+    """What every block of a call shares: the kernel is on, and x is one float32 token on
+    the CPU, with nothing recording or differentiating the call."""
+    return not (getattr(_OFF, "depth", 0) or torch.is_grad_enabled()
+                or x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous()
+                or torch.compiler.is_compiling() or torch.jit.is_tracing()
+                or _hooked_globally())
+
+
+def _bound_block(block: nn.Module, x: Tensor, cache: object, start: int) -> _Block | None:
+    """The block's C struct where the kernel serves this block and cache for column
+    ``start``, else None (rebinding first where the block's tensors changed)."""
+    if type(cache) is not KVCache or cache.row_spans is not None:
         return None
     parts = _parts(block)
     if parts is None:
@@ -221,11 +229,49 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
             or kv.shape[1] != 2 * c_block.n_kv_heads or kv.shape[3] != c_block.head_dim
             or x.shape[2] != c_block.d_model):
         return None  # attention's kind is read per call: forced_attention_kind switches it
+    return c_block
+
+
+def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | None:
+    """The block's decoding step for x (1, 1, C) with its keys and values written at column
+    ``start`` of ``cache`` → (1, 1, C); None where the kernel does not serve this call (see
+    the module docstring): the caller then runs the modules."""
+    if not _serves(x):
+        return None
+    c_block = _bound_block(block, x, cache, start)
+    lib = None if c_block is None else _LIB.lib()
+    if c_block is None or lib is None:
+        return None
+    y = torch.empty_like(x)  # (1, 1, C)
+    if lib.hf_decode_block(_LIB.default, ctypes.byref(c_block), x.data_ptr(),
+                           cache.kv.data_ptr(), cache.kv.shape[2], start, y.data_ptr()) != 0:
+        raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} keys")
+    return y
+
+
+def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
+               start: int) -> Tensor | None:
+    """Every block's decoding step in turn, as one C call: x (1, 1, C) → (1, 1, C), block
+    i's keys and values written at column ``start`` of ``caches[i]``. None unless the kernel
+    serves every block (and nothing hooks a block itself, whose hooks a C call would skip):
+    the caller then calls the blocks one by one, each of which may still take ``step``."""
+    if not blocks or len(blocks) != len(caches) or not _serves(x):
+        return None
+    n = len(blocks)
+    structs = (ctypes.POINTER(_Block) * n)()
+    kvs, caps = (_P * n)(), (_I64 * n)()
+    for i, (block, cache) in enumerate(zip(blocks, caches, strict=True)):
+        c_block = None if _watched(block) else _bound_block(block, x, cache, start)
+        if c_block is None:
+            return None
+        kv = cache.kv  # type: ignore[attr-defined]
+        structs[i], kvs[i], caps[i] = ctypes.pointer(c_block), kv.data_ptr(), kv.shape[2]
     lib = _LIB.lib()
     if lib is None:
         return None
     y = torch.empty_like(x)  # (1, 1, C)
-    if lib.hf_decode_block(_LIB.default, ctypes.byref(c_block), x.data_ptr(), kv.data_ptr(),
-                           kv.shape[2], start, y.data_ptr()) != 0:
+    work = torch.empty(2 * x.shape[2])  # (2·C,) the hidden states between blocks
+    if lib.hf_decode_stack(_LIB.default, n, structs, kvs, caps, start, x.data_ptr(),
+                           work.data_ptr(), y.data_ptr()) != 0:
         raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} keys")
     return y
