@@ -109,6 +109,27 @@ def test_the_kernel_step_equals_the_modules_step(name: str,
     assert float((fused_kv - ref_kv).abs().max()) <= REL * float(ref_kv.abs().max())
 
 
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "swiglu"])
+def test_activations_far_from_zero_still_match(activation: str) -> None:
+    """The kernel's exponential, erf and tanh are its own polynomials: with fc_in's outputs
+    pushed to a few hundred (its scale × 300), where they saturate or clamp, the block's
+    output still matches the modules'."""
+    model = _model(activation=activation)
+    block = model.blocks[0]
+    block.ffn.fc_in.scale.mul_(300.0)
+    torch.manual_seed(3)
+    x = torch.randn(1, 1, 64)
+    kv, twin = KVCache(1, 4, 4, 16), KVCache(1, 4, 4, 16)
+    with torch.inference_mode():
+        f = block.ffn.fc_in(block.norm2(x))
+        assert float(f.abs().max()) > 100.0  # the activation's inputs are far out
+        y = block(x, cache=kv, cache_start=0)
+        with decode_block.disabled():
+            y_ref = block(x, cache=twin, cache_start=0)
+    assert torch.isfinite(y).all()
+    assert float((y - y_ref).abs().max()) <= REL * float(y_ref.abs().max())
+
+
 def test_one_block_output_and_cache_column_match() -> None:
     """The block alone on the same input and cache: output and written column."""
     model = _model(activation="swiglu", norm_type="rmsnorm", n_kv_heads=2)

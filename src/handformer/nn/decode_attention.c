@@ -144,16 +144,16 @@ static void pick_loops(int isa, int64_t d_len, dot_fn *dot, wsum_fn *wsum) {
 
 /* Without trapping math the compiler may turn the clamps below into selects and so put the
  * exponentials into vector code; the arithmetic itself is unchanged (no contraction). */
-#define SOFTMAX_OPT __attribute__((optimize("no-trapping-math", "fp-contract=off")))
+#define VECTOR_SELECTS __attribute__((optimize("no-trapping-math", "fp-contract=off")))
 
-/* e^x for the softmax's x = s_j − max s ≤ 0, in plain float arithmetic that the compiler
- * turns into vector code (libm's expf is a call per key): x = n·ln 2 + r with n = round(x /
- * ln 2) (the add-and-subtract of 1.5·2^23 rounds to nearest), ln 2 in two parts so that r is
- * nearly exact, then e^r by a degree-7 polynomial (Horner, a multiply then an add) and 2^n
- * put into the exponent bits. Relative error within 2e-7 of e^x. x is clamped to
- * [−87, 88], where 2^n stays a normal float: e^−87 ≈ 1.6e−38 is 0 to a softmax, whose
- * largest term is 1. NaN stays NaN. The same code serves every path, so the bits agree. */
-SOFTMAX_OPT static inline float softmax_exp(float x) {
+/* e^x in plain float arithmetic that the compiler turns into vector code (libm's expf is a
+ * call per value): x = n·ln 2 + r with n = round(x / ln 2) (adding and subtracting 1.5·2^23
+ * rounds to nearest), ln 2 in two parts so that r is nearly exact, then e^r by a polynomial
+ * (Horner, a multiply then an add) and 2^n put into the exponent bits. Relative error within
+ * 2e-7. x is clamped to [−87, 88], where 2^n stays a normal float (e^−87 ≈ 1.6e−38 is 0 to a
+ * softmax, whose largest term is 1); NaN stays NaN. The softmax (x = s_j − max s ≤ 0) and
+ * the block kernel's activations use it; the same code serves every path, so bits agree. */
+VECTOR_SELECTS static inline float exp_clamped(float x) {
     x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
     float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
@@ -164,23 +164,25 @@ SOFTMAX_OPT static inline float softmax_exp(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = (p * (r * r) + r) + 1.0f;
-    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    int32_t whole = n == n ? (int32_t)n : 0; /* NaN: p is NaN already */
+    uint32_t bits = (uint32_t)(whole + 127) << 23;
     float two_n;
     __builtin_memcpy(&two_n, &bits, sizeof two_n);
     return p * two_n;
 }
 
 /* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. */
-SOFTMAX_OPT static void attend_head(const float *q, const float *k0, const float *v0, int64_t n_keys,
-                        int64_t token_stride, int64_t d_len, float scale, float *scratch,
-                        float *out, dot_fn dot, wsum_fn wsum) {
+VECTOR_SELECTS static void attend_head(const float *q, const float *k0, const float *v0,
+                                       int64_t n_keys, int64_t token_stride, int64_t d_len,
+                                       float scale, float *scratch, float *out, dot_fn dot,
+                                       wsum_fn wsum) {
     float top = -INFINITY;
     for (int64_t j = 0; j < n_keys; j++) {
         float s = dot(q, k0 + j * token_stride, d_len) * scale;
         scratch[j] = s;
         top = s > top ? s : top;
     }
-    for (int64_t j = 0; j < n_keys; j++) scratch[j] = softmax_exp(scratch[j] - top);
+    for (int64_t j = 0; j < n_keys; j++) scratch[j] = exp_clamped(scratch[j] - top);
     float total = 0.0f;
     for (int64_t j = 0; j < n_keys; j++) total += scratch[j]; /* in order of j */
     wsum(scratch, v0, n_keys, token_stride, d_len, out);

@@ -17,7 +17,8 @@
  * decode_attention.c's attend_head (same bits). The norms and the activation are plain C on
  * every path, so the output's bits do not depend on the path either. norm: LayerNorm (mean
  * and variance in double, bias optional) or RMSNorm (x̂ rounded to float, then times the
- * gain, as nn/norm.py). act: GELU (erf or tanh form), ReLU, ReLU², SwiGLU (fc_in's first F
+ * gain, as nn/norm.py). act: GELU (erf or tanh form; erf, tanh and the exponential are
+ * polynomials here and in decode_attention.c, within 2e-7), ReLU, ReLU², SwiGLU (fc_in's first F
  * outputs are the gate, the next F the up projection).
  *
  * Layout: x and y (C) float32; the cache kv (2·Hkv, L, D) contiguous, keys in heads
@@ -82,23 +83,46 @@ static void product(int isa, const struct hf_linear *l, const float *x, int16_t 
     int8_product(isa, x, l->q, l->scale, l->bias, 1, l->n, l->k, &sx, xq, y);
 }
 
-static float gelu(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
-
-static float gelu_tanh(float v) {
-    return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+/* erf(x) by Abramowitz and Stegun's 7.1.26 (error within 1.5e-7 before float rounding), in
+ * plain arithmetic that vectorises, unlike libm's erff. */
+VECTOR_SELECTS static inline float erf_approx(float x) {
+    float a = fabsf(x);
+    float t = 1.0f / (1.0f + 0.3275911f * a);
+    float poly = ((((1.061405429f * t - 1.453152027f) * t + 1.421413741f) * t - 0.284496736f) * t
+                  + 0.254829592f) * t;
+    return copysignf(1.0f - poly * exp_clamped(-(a * a)), x);
 }
 
-/* f (fc_in's N) → g (fc_out's K): the block's activation. */
-static void activate(int act, const float *f, int64_t width, float *g) {
-    for (int64_t i = 0; i < width; i++) {
-        float v = f[i];
-        switch (act) {
-        case ACT_GELU: g[i] = gelu(v); break;
-        case ACT_GELU_TANH: g[i] = gelu_tanh(v); break;
-        case ACT_RELU: g[i] = v > 0.0f ? v : 0.0f; break;
-        case ACT_RELU2: g[i] = v > 0.0f ? v * v : 0.0f; break;
-        default: g[i] = (v / (1.0f + expf(-v))) * f[width + i]; break; /* SwiGLU */
+/* tanh(u) = 1 − 2 / (e^{2|u|} + 1), with u's sign: vectorises, unlike libm's tanhf. */
+VECTOR_SELECTS static inline float tanh_approx(float u) {
+    return copysignf(1.0f - 2.0f / (exp_clamped(2.0f * fabsf(u)) + 1.0f), u);
+}
+
+/* f (fc_in's N) → g (fc_out's K): the block's activation, one loop per kind so that each
+ * vectorises. */
+VECTOR_SELECTS static void activate(int act, const float *f, int64_t width, float *g) {
+    switch (act) {
+    case ACT_GELU:
+        for (int64_t i = 0; i < width; i++)
+            g[i] = 0.5f * f[i] * (1.0f + erf_approx(f[i] * 0.70710678118654752f));
+        break;
+    case ACT_GELU_TANH:
+        for (int64_t i = 0; i < width; i++) {
+            float v = f[i];
+            float u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
+            g[i] = 0.5f * v * (1.0f + tanh_approx(u));
         }
+        break;
+    case ACT_RELU:
+        for (int64_t i = 0; i < width; i++) g[i] = f[i] > 0.0f ? f[i] : 0.0f;
+        break;
+    case ACT_RELU2:
+        for (int64_t i = 0; i < width; i++) g[i] = f[i] > 0.0f ? f[i] * f[i] : 0.0f;
+        break;
+    default: /* SwiGLU: the first `width` outputs are the gate, the next the up projection */
+        for (int64_t i = 0; i < width; i++)
+            g[i] = (f[i] / (1.0f + exp_clamped(-f[i]))) * f[width + i];
+        break;
     }
 }
 
