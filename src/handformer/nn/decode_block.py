@@ -113,8 +113,9 @@ def _parts(block: nn.Module) -> tuple[nn.Module, ...] | None:
         return None
     a, f = attn._modules, ffn._modules
     parts = (attn, a["in_proj"], a["out_proj"], norm1, ffn, f["fc_in"], f["fc_out"], norm2)
-    if any(p is None or _watched(p) for p in parts):
-        return None
+    for p in parts:
+        if p is None or _watched(p):
+            return None
     return parts  # type: ignore[return-value]
 
 
@@ -149,16 +150,19 @@ class _Binding:
 
 def _key(tensors: tuple[Tensor, ...]) -> tuple[tuple[int, int], ...]:
     """Which tensors, at which addresses: a binding holds while this stays the same."""
-    return tuple((id(t), t.data_ptr()) for t in tensors)
+    return tuple([(id(t), t.data_ptr()) for t in tensors])
 
 
 def _tensors(parts: tuple[nn.Module, ...]) -> tuple[Tensor, ...]:
     """Every tensor of the block's modules the kernel would read, in a fixed order."""
-    out: list[Tensor] = []
-    for module in parts:
-        out.extend(module._parameters.values())
-        out.extend(module._buffers.values())
-    return tuple(t for t in out if t is not None)
+    return tuple([t for m in parts for d in (m._parameters, m._buffers) for t in d.values()
+                  if t is not None])
+
+
+def _parts_key(parts: tuple[nn.Module, ...]) -> tuple[tuple[int, int], ...]:
+    """``_key(_tensors(parts))`` in one pass: what every call checks."""
+    return tuple([(id(t), t.data_ptr()) for m in parts for d in (m._parameters, m._buffers)
+                  for t in d.values() if t is not None])
 
 
 def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
@@ -219,10 +223,9 @@ def _bound_block(block: nn.Module, x: Tensor, cache: object, start: int) -> _Blo
     if (kv.dtype != torch.float32 or not kv.is_cpu or not kv.is_contiguous()
             or not 0 <= start < kv.shape[2]):
         return None  # the modules' path says what is wrong (an overflow, a dtype)
-    tensors = _tensors(parts)
     binding = _BOUND.get(block)
-    if binding is None or binding.key != _key(tensors):
-        binding = _bind_block(block, parts, tensors)
+    if binding is None or binding.key != _parts_key(parts):
+        binding = _bind_block(block, parts, _tensors(parts))
         _BOUND[block] = binding
     c_block = binding.block
     if (c_block is None or parts[0].attention == "manual" or kv.shape[0] != 1
