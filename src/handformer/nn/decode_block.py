@@ -17,9 +17,12 @@ RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every projection an ``Int8Linear``
 serves, attention not set to ``manual`` (read at every call: ``forced_attention_kind``
 switches it) — and whenever something watches the block's modules (a forward hook,
 ``capture_attention``'s wrapper), so that hooks and captures still see every step.
-``disabled()`` turns it off for a block of code (tests hold the two paths equal; benchmarks
-time both). The path (AVX-512 VNNI, AVX-512, AVX2, plain C) is the int8 loop's, capped by
-ATen's level; every path gives the same bits.
+``stack_step`` runs a whole stack of such blocks as one C call (``Trunk.run_blocks`` asks it
+first), so that no Python runs between blocks while their weights stream through the caches;
+it declines unless every block is served and nothing hooks a block itself (the blocks are
+then called one by one, each asking ``step``). ``disabled()`` turns both off for a block of
+code (tests hold the paths equal; benchmarks time both). The path (AVX-512 VNNI, AVX-512,
+AVX2, plain C) is the int8 loop's, capped by ATen's level; every path gives the same bits.
 """
 
 from __future__ import annotations
