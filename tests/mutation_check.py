@@ -261,6 +261,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "itself, which then misses those steps",
     ),
     Mutant(
+        "int8_weights_left_in_small_pages", "models/quantize.py",
+        "    _pack_int8_weights(target)\n    return target\n",
+        "    return target\n",
+        ("tests/nn/test_huge_pages.py",),
+        "quantize_int8 leaves each int8 weight where torch put it, in 4 KiB pages, so a "
+        "decoding step's stream pays a page walk every 4 KiB",
+    ),
+    Mutant(
         "decode_mixed_step_one_repeated", "nn/attention.py",
         "            done += 1\n            continue\n",
         "            continue\n",

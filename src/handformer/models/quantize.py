@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from handformer.models.decoder_lm import DecoderLM
+from handformer.nn import huge_pages
 from handformer.nn.quantized import (
     Int8Kernel,
     Int8Linear,
@@ -105,7 +106,19 @@ def quantize_int8(model: nn.Module, *, include_head: bool = True, inplace: bool 
         except ValueError as err:
             raise QuantizationError(str(err)) from None
         _replace(target, name, layer.train(linear.training))
+    _pack_int8_weights(target)
     return target
+
+
+def _pack_int8_weights(model: nn.Module) -> None:
+    """Every CPU ``Int8Linear``'s int8 weight moved into one region of 2 MiB pages, in
+    module order — the order a decoding step reads them (``nn.huge_pages``); unchanged where
+    the system has no huge pages to ask for."""
+    layers = [m for m in model.modules()
+              if isinstance(m, Int8Linear) and m.qweight.device.type == "cpu"]
+    copies = huge_pages.pack([m.qweight for m in layers])
+    for layer, q in zip(layers, copies or [], strict=False):
+        layer.qweight = q
 
 
 def quantization_info(model: nn.Module) -> dict[str, Any] | None:
@@ -142,6 +155,7 @@ def apply_int8_layout(model: nn.Module, info: Any) -> nn.Module:
         layer = Int8Linear(linear.in_features, linear.out_features,  # type: ignore[arg-type]
                            linear.bias is not None, device=linear.weight.device)
         _replace(model, name, layer.train(linear.training))
+    _pack_int8_weights(model)
     return model
 
 
