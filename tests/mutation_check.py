@@ -269,6 +269,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "decoding step's stream pays a page walk every 4 KiB",
     ),
     Mutant(
+        "kv_cache_left_in_small_pages", "nn/kv_cache.py",
+        "        buffers = (huge_pages.zeros([shape] * n_layers, dtype)\n",
+        "        buffers = (None\n",
+        ("tests/nn/test_huge_pages.py",),
+        "a CPU DecoderCache takes each layer's buffer from torch, in 4 KiB pages, so a "
+        "decoding step's cache reads pay a page walk every 4 KiB",
+    ),
+    Mutant(
         "decode_mixed_step_one_repeated", "nn/attention.py",
         "            done += 1\n            continue\n",
         "            continue\n",

@@ -16,6 +16,7 @@ from handformer.config import ModelConfig
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import apply_int8_layout, quantization_info, quantize_int8
 from handformer.nn import huge_pages
+from handformer.nn.kv_cache import DecoderCache, KVCache
 from handformer.nn.quantized import Int8Linear
 
 pytestmark = pytest.mark.skipif(not huge_pages.huge_pages_supported(),
@@ -110,3 +111,17 @@ def test_a_packed_model_saves_loads_and_copies_like_any(tmp_path: object) -> Non
     twin = copy.deepcopy(packed)
     assert all(torch.equal(a, b) for a, b in zip(_qweights(twin), _qweights(packed),
                                                  strict=True))
+
+
+def test_a_cpu_decoder_cache_lays_its_layers_back_to_back() -> None:
+    cache = DecoderCache(3, 1, 4, 1024, 64)  # 3 layers of 2 MiB of float32
+    ptrs = [layer.kv.data_ptr() for layer in cache.layers]
+    assert ptrs[0] % huge_pages.HUGE_PAGE == 0
+    assert ptrs[1] - ptrs[0] == ptrs[2] - ptrs[1] == 2 * MIB
+    assert all(float(layer.kv.abs().sum()) == 0.0 for layer in cache.layers)
+    cache.layers[1].update(torch.ones(1, 8, 2, 64), 5)
+    assert float(cache.layers[1].kv.sum()) == 8 * 2 * 64 and float(cache.layers[0].kv.sum()) == 0
+    small = DecoderCache(2, 1, 2, 16, 8)  # under one huge page: torch's own zeros
+    assert small.layers[0].kv.untyped_storage().nbytes() == 2 * 2 * 16 * 8 * 4
+    with pytest.raises(ValueError, match="KV buffer of shape"):
+        KVCache(1, 2, 16, 8, buffer=torch.zeros(1, 4, 15, 8))

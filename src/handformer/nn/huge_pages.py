@@ -1,18 +1,19 @@
-"""Tensors laid out one after another in memory mapped in 2 MiB pages, for the int8 weights a
-decoding step streams whole.
+"""Tensors laid out one after another in memory mapped in 2 MiB pages, for what a decoding step
+streams whole: the int8 weights and the KV caches.
 
-Why: at batch 1 a token reads every int8 weight once, tens of MB, in 4 KiB pages as torch's
-allocator gets them: a TLB miss and a page walk every 4 KiB, and a hardware prefetcher that
-stops at each page's end. Linux backs a range with transparent huge pages (2 MiB) where the
-range asks for them (``madvise(MADV_HUGEPAGE)``; the system setting is often ``madvise``, so
-nothing else gets them), which torch's allocator never does. ``zeros`` maps one anonymous
-private region aligned to 2 MiB, asks for huge pages and lays tensors in it back to back (each
-64-byte aligned) in the order given — the order a step reads them, so the stream runs on across
-tensors too; ``pack`` copies given tensors there (the int8 weights of a model). Each tensor has
-its own storage over its own bytes (``torch.frombuffer``), so saving, loading into it, moving
-and freeing work as for any tensor; the region lives while any of them does. Where the kernel
-gives 4 KiB pages anyway, the tensors work the same. The pages are taken at first touch, 2 MiB
-at a time.
+Why: at batch 1 a token reads every int8 weight and cached key and value once, tens of MB, in 4
+KiB pages as torch's allocator gets them: a TLB miss and a page walk every 4 KiB, and a
+hardware prefetcher that stops at each page's end. Linux backs a range with transparent huge
+pages (2 MiB) where the range asks for them (``madvise(MADV_HUGEPAGE)``; the system setting is
+often ``madvise``, so nothing else gets them), which torch's allocator never does. ``zeros``
+maps one anonymous private region aligned to 2 MiB, asks for huge pages and lays tensors in it
+back to back (each 64-byte aligned) in the order given — the order a step reads them, so the
+stream runs on across tensors too; ``pack`` copies given tensors there (the int8 weights of a
+model; ``DecoderCache`` takes its layers' buffers from ``zeros``). Each tensor has its own
+storage over its own bytes (``torch.frombuffer``), so saving, loading into it, moving and
+freeing work as for any tensor; the region lives while any of them does. Where the kernel gives
+4 KiB pages anyway, the tensors work the same. The pages are taken at first touch, 2 MiB at a
+time.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from handformer.nn import huge_pages
+
 __all__ = ["DecoderCache", "KVCache"]
 
 
@@ -36,10 +38,17 @@ class KVCache:
     row_spans: list[tuple[int, int, int, int]] | None = None
 
     def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 buffer: Tensor | None = None) -> None:
+        """``buffer``: a zero tensor of the cache's shape and dtype to hold ``kv``
+        (``DecoderCache`` lays its layers' buffers on huge pages); default a new one."""
         self.n_kv_heads = n_kv_heads
-        self.kv = torch.zeros((batch_size, 2 * n_kv_heads, capacity, head_dim), dtype=dtype,
-                              device=device)  # (B, 2·Hkv, L, D)
+        shape = (batch_size, 2 * n_kv_heads, capacity, head_dim)
+        if buffer is not None and (tuple(buffer.shape) != shape or buffer.dtype != dtype):
+            raise ValueError(f"a KV buffer of shape {shape} and dtype {dtype} was expected; "
+                             f"got {tuple(buffer.shape)} {buffer.dtype}")
+        self.kv = (buffer if buffer is not None
+                   else torch.zeros(shape, dtype=dtype, device=device))  # (B, 2·Hkv, L, D)
 
     @property
     def k(self) -> Tensor:
@@ -88,8 +97,16 @@ class DecoderCache:
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int,
                  head_dim: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
+        shape = (batch_size, 2 * n_kv_heads, capacity, head_dim)
+        # On the CPU the layers' buffers lie back to back on 2 MiB pages (nn.huge_pages): a
+        # decoding step streams them all, as it streams the int8 weights. The pages are
+        # taken at first touch, 2 MiB at a time, so the first token commits about the whole
+        # capacity (each head's columns lie spread over it).
+        buffers = (huge_pages.zeros([shape] * n_layers, dtype)
+                   if torch.device(device).type == "cpu" else None)
         self.layers = [KVCache(batch_size, n_kv_heads, capacity, head_dim, dtype=dtype,
-                               device=device) for _ in range(n_layers)]
+                               device=device, buffer=None if buffers is None else buffers[i])
+                       for i in range(n_layers)]
         self.batch_size = batch_size
         self.capacity = capacity
         self.key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
