@@ -99,9 +99,9 @@ class DecoderCache:
                  device: torch.device | str = "cpu") -> None:
         shape = (batch_size, 2 * n_kv_heads, capacity, head_dim)
         # On the CPU the layers' buffers lie back to back on 2 MiB pages (nn.huge_pages): a
-        # decoding step streams them all, as it streams the int8 weights. The pages are
-        # taken at first touch, 2 MiB at a time, so the first token commits about the whole
-        # capacity (each head's columns lie spread over it).
+        # decoding step streams them all, as it streams the int8 weights. Pages are taken at
+        # first touch, 2 MiB at a time: the first token's write commits up to 2 MiB of each
+        # head's columns (the whole cache, for a short window), not 4 KiB.
         buffers = (huge_pages.zeros([shape] * n_layers, dtype)
                    if torch.device(device).type == "cpu" else None)
         self.layers = [KVCache(batch_size, n_kv_heads, capacity, head_dim, dtype=dtype,
