@@ -257,6 +257,30 @@ def test_a_hook_on_a_block_itself_sees_every_step(monkeypatch: pytest.MonkeyPatc
     assert len(seen) == 5 and spy.stacks == 0 and spy.served == 2 * 4
 
 
+class _Wrapped(torch.nn.Module):
+    """A module of the user's in a block's place: calls the block it wraps."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = block
+
+    def forward(self, x: Tensor, **kwargs: object) -> Tensor:
+        return self.inner(x, **kwargs)
+
+
+def test_a_module_of_the_users_in_the_stack_is_run_as_it_is(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    reference = _steps(model, 4)
+    model.blocks[0] = _Wrapped(model.blocks[0])
+    spy = _Spy(monkeypatch)
+    wrapped = _steps(model, 4)
+    # the stack declined (block 0 is not a block it knows); the wrapped block and the other
+    # still took the kernel alone, through their own forward
+    assert spy.stacks == 0 and spy.served == 2 * 4
+    assert torch.equal(wrapped[0], reference[0]) and torch.equal(wrapped[1], reference[1])
+
+
 def test_a_stack_whose_caches_do_not_match_its_blocks_is_declined() -> None:
     model = _model()
     x = torch.randn(1, 1, 64)

@@ -37,7 +37,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from handformer.nn.feedforward import ACTIVATIONS
+from handformer.nn.attention import MultiHeadAttention
+from handformer.nn.feedforward import ACTIVATIONS, FeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
@@ -110,12 +111,13 @@ def _parts(block: nn.Module) -> tuple[nn.Module, ...] | None:
     """(self_attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2), or None where the
     block is not one the kernel runs or a module of it is watched. Dict reads, not
     attribute lookups: this runs once per block and token."""
-    mods = block._modules
-    attn, ffn, norm1, norm2 = mods["self_attn"], mods["ffn"], mods["norm1"], mods["norm2"]
+    mods = block._modules  # a stack may hold a module of the user's in a block's place
+    attn, ffn = mods.get("self_attn"), mods.get("ffn")
     if mods.get("cross_attn") is not None or attn is None or ffn is None:
         return None
     a, f = attn._modules, ffn._modules
-    parts = (attn, a["in_proj"], a["out_proj"], norm1, ffn, f["fc_in"], f["fc_out"], norm2)
+    parts = (attn, a.get("in_proj"), a.get("out_proj"), mods.get("norm1"), ffn, f.get("fc_in"),
+             f.get("fc_out"), mods.get("norm2"))
     for p in parts:
         if p is None or _watched(p):
             return None
@@ -173,9 +175,10 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
     attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2 = parts
     n1, n2 = _norm_tensors(norm1), _norm_tensors(norm2)
     linears = (in_proj, out_proj, fc_in, fc_out)
-    ok = (block.norm == "pre" and n1 is not None and n2 is not None and n1[:2] == n2[:2]
-          and getattr(attn, "positional", None) == "none" and attn.q_norm is None
-          and attn.k_norm is None
+    ok = (getattr(block, "norm", None) == "pre" and n1 is not None and n2 is not None
+          and n1[:2] == n2[:2] and isinstance(attn, MultiHeadAttention)
+          and isinstance(ffn, FeedForward) and attn.positional == "none"
+          and attn.q_norm is None and attn.k_norm is None
           and ffn.activation in ACTIVATIONS
           and all(isinstance(m, Int8Linear) and m.kernel in ("auto", "native")
                   for m in linears)
