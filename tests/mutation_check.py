@@ -254,8 +254,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "decode_stack_blind_to_block_hooks", "nn/decode_block.py",
-        "        c_block = None if _watched(block) else _bound_block(block, x, cache, start)\n",
-        "        c_block = _bound_block(block, x, cache, start)\n",
+        "        own = block.training or _watched(block)  # its own forward: dropout, hooks\n",
+        "        own = block.training  # its own forward: dropout, hooks\n",
         ("tests/nn/test_decode_block.py",),
         "the stack kernel runs every block in one call even where a hook watches a block "
         "itself, which then misses those steps",

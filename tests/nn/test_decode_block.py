@@ -281,6 +281,15 @@ def test_a_module_of_the_users_in_the_stack_is_run_as_it_is(
     assert torch.equal(wrapped[0], reference[0]) and torch.equal(wrapped[1], reference[1])
 
 
+def test_a_block_in_training_mode_keeps_its_own_forward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(dropout=0.5)
+    model.blocks[1].train()  # its dropout is on, though the model is in eval mode
+    spy = _Spy(monkeypatch)
+    _steps(model, 4)
+    assert spy.stacks == 0 and spy.served == 4  # block 0 alone; block 1 ran its modules
+
+
 def test_a_stack_whose_caches_do_not_match_its_blocks_is_declined() -> None:
     model = _model()
     x = torch.randn(1, 1, 64)

@@ -19,7 +19,7 @@ switches it) — and whenever something watches the block's modules (a forward h
 ``capture_attention``'s wrapper), so that hooks and captures still see every step.
 ``stack_step`` runs a whole stack of such blocks as one C call (``Trunk.run_blocks`` asks it
 first), so that no Python runs between blocks while their weights stream through the caches;
-it declines unless every block is served and nothing hooks a block itself (the blocks are
+it declines unless every block is served, in eval mode, and unhooked itself (the blocks are
 then called one by one, each asking ``step``). ``disabled()`` turns both off for a block of
 code (tests hold the paths equal; benchmarks time both). The path (AVX-512 VNNI, AVX-512,
 AVX2, plain C) is the int8 loop's, capped by ATen's level; every path gives the same bits.
@@ -262,15 +262,17 @@ def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
                start: int) -> Tensor | None:
     """Every block's decoding step in turn, as one C call: x (1, 1, C) → (1, 1, C), block
     i's keys and values written at column ``start`` of ``caches[i]``. None unless the kernel
-    serves every block (and nothing hooks a block itself, whose hooks a C call would skip):
-    the caller then calls the blocks one by one, each of which may still take ``step``."""
+    serves every block, no block is in training mode and nothing hooks a block itself (whose
+    hooks a C call would skip): the caller then calls the blocks one by one, each of which
+    may still take ``step``."""
     if not blocks or len(blocks) != len(caches) or not _serves(x):
         return None
     n = len(blocks)
     structs = (ctypes.POINTER(_Block) * n)()
     kvs, caps = (_P * n)(), (_I64 * n)()
     for i, (block, cache) in enumerate(zip(blocks, caches, strict=True)):
-        c_block = None if _watched(block) else _bound_block(block, x, cache, start)
+        own = block.training or _watched(block)  # its own forward: dropout, hooks
+        c_block = None if own else _bound_block(block, x, cache, start)
         if c_block is None:
             return None
         kv = cache.kv  # type: ignore[attr-defined]
