@@ -125,3 +125,16 @@ def test_a_cpu_decoder_cache_lays_its_layers_back_to_back() -> None:
     assert small.layers[0].kv.untyped_storage().nbytes() == 2 * 2 * 16 * 8 * 4
     with pytest.raises(ValueError, match="KV buffer of shape"):
         KVCache(1, 2, 16, 8, buffer=torch.zeros(1, 4, 15, 8))
+
+
+def test_a_mapping_the_system_refuses_leaves_torch_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_args: object, **_kwargs: object) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(huge_pages.mmap, "mmap", refuse)
+    assert huge_pages.zeros([(3 * MIB,)], torch.int8) is None
+    model = quantize_int8(_model())  # still quantizes, in torch's own memory
+    q = _qweights(model)[0]
+    assert q.untyped_storage().nbytes() == q.numel()
+    cache = DecoderCache(3, 1, 4, 1024, 64)
+    assert cache.layers[0].kv.untyped_storage().nbytes() == 4 * 8 * 1024 * 64

@@ -41,8 +41,9 @@ def huge_pages_supported() -> bool:
 
 def zeros(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> list[Tensor] | None:
     """Zero tensors of ``shapes`` back to back in one huge-page region, in the order given;
-    None where huge pages cannot be asked for, a shape is empty, or together they fill less
-    than one huge page. (Fresh anonymous memory is zero: nothing is written.)"""
+    None where huge pages cannot be asked for, the region cannot be mapped, a shape is empty,
+    or together they fill less than one huge page. (Fresh anonymous memory is zero: nothing
+    is written.)"""
     size = torch.empty((), dtype=dtype).element_size()
     counts = [math.prod(shape) for shape in shapes]
     if not counts or not huge_pages_supported() or min(counts) <= 0:
@@ -54,7 +55,10 @@ def zeros(shapes: Sequence[tuple[int, ...]], dtype: torch.dtype) -> list[Tensor]
     if total < HUGE_PAGE:
         return None
     length = (total + HUGE_PAGE - 1) // HUGE_PAGE * HUGE_PAGE
-    region = mmap.mmap(-1, length + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        region = mmap.mmap(-1, length + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except (OSError, OverflowError):
+        return None  # no such mapping here (an address-space limit): torch's memory serves
     start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE  # 2 MiB aligned
     # a kernel without transparent huge pages refuses: the tensors still work, in 4 KiB pages
     with contextlib.suppress(OSError):
