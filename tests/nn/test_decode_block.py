@@ -150,8 +150,15 @@ def test_one_block_output_and_cache_column_match() -> None:
     assert torch.equal(kv.kv[..., 7:, :], twin.kv[..., 7:, :])  # nothing written past it
 
 
-def test_every_path_gives_the_same_bits(monkeypatch: pytest.MonkeyPatch) -> None:
-    model = _model(n_kv_heads=2)
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "relu2", "swiglu"])
+def test_every_path_gives_the_same_bits(activation: str,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each path runs its own copy of the activation (and its own products and attention);
+    a width of 100 leaves a tail past the last full vector, and fc_in's scale × 30 puts
+    some inputs where the exponential saturates."""
+    model = _model(n_kv_heads=2, activation=activation, d_ff=100)
+    for block in model.blocks:
+        block.ffn.fc_in.scale.mul_(30.0)
     lib = decode_block._LIB
     lib.lib()
     outs = {}

@@ -14,8 +14,8 @@
  *     x1 = x + out_proj(a);    y = x1 + fc_out(act(fc_in(norm2(x1))))
  * with g = h / (H / Hkv). The products are int8_kernel.c's, called exactly as a one-row
  * hf_int8_linear (same grid, same integer, same bits); each head's attention is
- * decode_attention.c's attend_head (same bits). The norms and the activation are plain C on
- * every path, so the output's bits do not depend on the path either. norm: LayerNorm (mean
+ * decode_attention.c's attend_head (same bits). The norms and the activation are the same C
+ * on every path, so the output's bits do not depend on the path either. norm: LayerNorm (mean
  * and variance in double, bias optional) or RMSNorm (x̂ rounded to float, then times the
  * gain, as nn/norm.py). act: GELU (erf or tanh form; erf, tanh and the exponential are
  * polynomials here and in decode_attention.c, within 2e-7), ReLU, ReLU², SwiGLU (fc_in's first F
@@ -99,31 +99,52 @@ VECTOR_SELECTS static inline float tanh_approx(float u) {
 }
 
 /* f (fc_in's N) → g (fc_out's K): the block's activation, one loop per kind so that each
- * vectorises. */
-VECTOR_SELECTS static void activate(int act, const float *f, int64_t width, float *g) {
-    switch (act) {
-    case ACT_GELU:
-        for (int64_t i = 0; i < width; i++)
-            g[i] = 0.5f * f[i] * (1.0f + erf_approx(f[i] * 0.70710678118654752f));
-        break;
-    case ACT_GELU_TANH:
-        for (int64_t i = 0; i < width; i++) {
-            float v = f[i];
-            float u = 0.79788456080286536f * (v + 0.044715f * v * v * v);
-            g[i] = 0.5f * v * (1.0f + tanh_approx(u));
-        }
-        break;
-    case ACT_RELU:
-        for (int64_t i = 0; i < width; i++) g[i] = f[i] > 0.0f ? f[i] : 0.0f;
-        break;
-    case ACT_RELU2:
-        for (int64_t i = 0; i < width; i++) g[i] = f[i] > 0.0f ? f[i] * f[i] : 0.0f;
-        break;
-    default: /* SwiGLU: the first `width` outputs are the gate, the next the up projection */
-        for (int64_t i = 0; i < width; i++)
-            g[i] = (f[i] / (1.0f + exp_clamped(-f[i]))) * f[width + i];
-        break;
+ * vectorises. One copy per path (the file itself is built for any x86-64, so its own copy
+ * takes 4 floats at a time): each element goes through the same float operations in the
+ * same order at any vector width (no fused multiply-add), so every copy gives the same bits. */
+#define ACTIVATE_BODY                                                                         \
+    {                                                                                         \
+        switch (act) {                                                                        \
+        case ACT_GELU:                                                                        \
+            for (int64_t i = 0; i < width; i++)                                               \
+                g[i] = 0.5f * f[i] * (1.0f + erf_approx(f[i] * 0.70710678118654752f));        \
+            break;                                                                            \
+        case ACT_GELU_TANH:                                                                   \
+            for (int64_t i = 0; i < width; i++) {                                             \
+                float v = f[i];                                                               \
+                float u = 0.79788456080286536f * (v + 0.044715f * v * v * v);                 \
+                g[i] = 0.5f * v * (1.0f + tanh_approx(u));                                    \
+            }                                                                                 \
+            break;                                                                            \
+        case ACT_RELU:                                                                        \
+            for (int64_t i = 0; i < width; i++) g[i] = f[i] > 0.0f ? f[i] : 0.0f;             \
+            break;                                                                            \
+        case ACT_RELU2:                                                                       \
+            for (int64_t i = 0; i < width; i++) g[i] = f[i] > 0.0f ? f[i] * f[i] : 0.0f;      \
+            break;                                                                            \
+        default: /* SwiGLU: the first `width` outputs are the gate, the next the up projection */ \
+            for (int64_t i = 0; i < width; i++)                                               \
+                g[i] = (f[i] / (1.0f + exp_clamped(-f[i]))) * f[width + i];                   \
+            break;                                                                            \
+        }                                                                                     \
     }
+
+#define ACTIVATE_ARGS (int act, const float *f, int64_t width, float *g)
+
+VECTOR_SELECTS static void activate_plain ACTIVATE_ARGS ACTIVATE_BODY
+__attribute__((target("avx2"))) VECTOR_SELECTS static void activate_avx2 ACTIVATE_ARGS
+ACTIVATE_BODY
+__attribute__((target("avx512f,avx512bw,avx512dq"))) VECTOR_SELECTS
+static void activate_avx512 ACTIVATE_ARGS ACTIVATE_BODY
+
+/* The activation's copy for product path `isa` (int8_kernel.c's ISA_* values). */
+static void activate(int isa, int act, const float *f, int64_t width, float *g) {
+    if (isa >= ISA_AVX512)
+        activate_avx512(act, f, width, g);
+    else if (isa == ISA_AVX2)
+        activate_avx2(act, f, width, g);
+    else
+        activate_plain(act, f, width, g);
 }
 
 /* One decoding step of block b on path `isa` (int8_kernel.c's ISA_* values; the attention
@@ -164,7 +185,7 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     for (int64_t i = 0; i < c; i++) x1[i] = x[i] + x1[i];
     norm(b, x1, b->norm2_w, b->norm2_b, h);
     product(isa, &b->fc_in, h, xq, f);
-    activate(b->activation, f, b->fc_out.k, g);
+    activate(isa, b->activation, f, b->fc_out.k, g);
     product(isa, &b->fc_out, g, xq, y);
     for (int64_t i = 0; i < c; i++) y[i] = x1[i] + y[i];
     hf_give(mem);
