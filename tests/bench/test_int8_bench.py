@@ -6,16 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 
-from handformer.bench.generation_speed import QUICK_CASES, step_bytes, token_products_row
+from handformer.bench.generation_speed import (
+    QUICK_CASES,
+    stack_split,
+    step_bytes,
+    token_products_row,
+)
 from handformer.bench.int8_quality import (
     greedy_agreement,
     next_token_agreement,
     top_two_gap,
     validation_loss,
 )
+from handformer.generate import generate
 from handformer.loss import lm_loss
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.quantize import quantize_int8
+from handformer.nn import decode_block
 from handformer.nn.int8_native import native_status
 from tests.conftest import tiny_config
 
@@ -73,3 +80,20 @@ def test_token_products_count_a_tokens_layer_weights_and_their_rate() -> None:
     assert row["weight_mb"] == pytest.approx(case.n_layers * 12 * case.d_model ** 2 / 1e6)
     assert row["gb_per_s"] == pytest.approx(row["weight_mb"] / row["median_ms"])
     assert row["fraction_of_bandwidth"] == pytest.approx(row["gb_per_s"] * 1e9 / 1e10)
+
+
+@pytest.mark.skipif(decode_block.block_step_status() is not None,
+                    reason=f"no C kernel here: {decode_block.block_step_status()}")
+def test_stack_split_times_the_block_stack_calls_of_a_generation() -> None:
+    """One stack call per generated token after the first (the prompt's forward is not one);
+    the two parts add up to the run; a model the kernel declines (float32) has no split, and
+    the module's function is the original again afterwards."""
+    original = decode_block.stack_step
+    fp32 = DecoderLM(tiny_config(positional="learned")).eval()
+    int8 = quantize_int8(fp32)
+    prompt = torch.randint(0, 37, (1, 3))
+    split = stack_split(lambda: generate(int8, prompt, 6, temperature=0), 2)
+    assert split is not None and split["calls"] == 5
+    assert split["inside_s"] > 0 and split["outside_s"] > 0
+    assert stack_split(lambda: generate(fp32, prompt, 6, temperature=0), 1) is None
+    assert decode_block.stack_step is original

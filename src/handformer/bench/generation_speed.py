@@ -22,7 +22,11 @@ warm-up) so machine noise hits them alike, once per thread count in ``--threads`
   int8, from memory), as a share of the measured bandwidth — the product's own floor.
 * ``rows``: whole generations, 512 new tokens after a 16-token prompt, at 4L-128d, 6L-384d
   and 12L-768d (GPT-2 small's shape). Contenders come from ``CONTENDER_FACTORIES``: more can
-  be registered there (``register_contenders``) and are timed and floored alike.
+  be registered there (``register_contenders``) and are timed and floored alike. The int8
+  row also says where its tokens' time goes, from the same generations run again: inside
+  the one call per token that runs every block (``decode_block.stack_step``, its binding
+  checks included) and outside it (the embedding, the final norm, the head, sampling and
+  ``generate``'s own loop, all run with the caches the block weights just streamed through).
 * the int8 quality on a *trained* model lives in ``bench.int8_quality`` (it needs a run).
 
     python benchmarks/generation_speed.py                  # full: three cases, 1 and 2 threads
@@ -37,7 +41,8 @@ import copy
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +114,7 @@ class Contender:
     bytes_per_token: float
     note: str = ""
     same_weights: bool = True  # the case's model (agreement with its fp32 tokens is meaningful)
+    split_stack: bool = False  # also time its block-stack calls apart (``stack_split``)
 
 
 ContenderFactory = Callable[[Setup], list[Contender]]
@@ -182,7 +188,8 @@ def handformer_contenders(setup: Setup) -> list[Contender]:
         Contender("handformer bf16", "bfloat16", _greedy(bf16, setup),
                   step_bytes(bf16, ctx, torch.bfloat16)),
         Contender("handformer int8", "int8", _greedy(int8, setup),
-                  step_bytes(int8, ctx, torch.float32), note="weights int8, activations fp32"),
+                  step_bytes(int8, ctx, torch.float32), note="weights int8, activations fp32",
+                  split_stack=True),
         Contender("handformer int8, module by module", "int8",
                   _greedy_module_by_module(int8, setup), step_bytes(int8, ctx, torch.float32),
                   note="the block kernel off: each module's own call"),
@@ -261,6 +268,47 @@ def time_alternating(fns: dict[str, Callable[[], Any]],
     return times, first
 
 
+@contextmanager
+def _timed_stack_steps(seconds: list[float]) -> Iterator[None]:
+    """Within the block, the seconds of each ``decode_block.stack_step`` call that ran the
+    stack go into ``seconds`` (the trunk looks the function up on the module at every call;
+    a declined call's time counts as outside)."""
+    original = decode_block.stack_step
+
+    def timed(*args: Any) -> Tensor | None:
+        t0 = time.perf_counter()
+        y = original(*args)
+        if y is not None:
+            seconds.append(time.perf_counter() - t0)
+        return y
+
+    decode_block.stack_step = timed  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        decode_block.stack_step = original  # type: ignore[assignment]
+
+
+def stack_split(run: Callable[[], Any], repeats: int) -> dict[str, float] | None:
+    """Where one generation's time goes: median seconds per run inside the block-stack calls
+    and outside them, and how many calls a run made, over ``repeats`` runs; None where no
+    call took the stack (the kernel declined, or is not built here)."""
+    inside, outside, calls = [], [], 0
+    for _ in range(repeats):
+        seconds: list[float] = []
+        with _timed_stack_steps(seconds):
+            t0 = time.perf_counter()
+            run()
+            total = time.perf_counter() - t0
+        inside.append(sum(seconds))
+        outside.append(total - sum(seconds))
+        calls = len(seconds)
+    if calls == 0:
+        return None
+    return {"inside_s": statistics.median(inside), "outside_s": statistics.median(outside),
+            "calls": calls}
+
+
 def build_setup(name: str, case: Case) -> Setup:
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=VOCAB, d_model=case.d_model, n_heads=case.n_heads,
@@ -291,6 +339,13 @@ def run_case(name: str, case: Case, repeats: int, bandwidth: float) -> list[dict
             "mb_per_token": c.bytes_per_token / 1e6, "floor_ms_per_token": 1000 * floor,
             "fraction_of_floor": floor / (med / case.new_tokens),
             "agreement_with_fp32": agree, "note": c.note})
+    for c, r in zip(contenders, rows, strict=True):
+        split = stack_split(c.run, repeats) if c.split_stack else None
+        if split is not None:
+            r["stack_ms_per_token"] = 1000 * split["inside_s"] / case.new_tokens
+            r["outside_stack_ms_per_token"] = 1000 * split["outside_s"] / case.new_tokens
+            r["stack_calls"] = split["calls"]
+            r["stack_fraction_of_floor"] = r["floor_ms_per_token"] / r["stack_ms_per_token"]
     hf = next((r for r in rows if r["contender"] == HF), None)
     for r in rows:
         r["vs_hf"] = None if hf is None else hf["median_s"] / r["median_s"]
@@ -411,6 +466,13 @@ def print_report(result: dict[str, Any]) -> None:
               f"{r['floor_ms_per_token']:>8.3f} {100 * r['fraction_of_floor']:>6.0f}% "
               f"{vs_hf:>6} " + ("" if r["agreement_with_fp32"] is None
                                 else f"{100 * r['agreement_with_fp32']:>5.0f}%"))
+    for r in result["rows"]:
+        if "stack_ms_per_token" in r:
+            print(f"  {r['case']} {r['threads']}T {r['contender']}: {r['stack_ms_per_token']:.3f} "
+                  f"ms/token inside the block stack ({r['stack_calls']} calls a run; "
+                  f"{100 * r['stack_fraction_of_floor']:.0f} % of the floor), "
+                  f"{r['outside_stack_ms_per_token']:.3f} outside it (embedding, final norm, "
+                  "head, sampling, generate's loop)")
     for b in result["bandwidth"]:
         print(f"memory bandwidth, {b['threads']} thread(s): {b['gb_per_s']:.1f} GB/s "
               f"(sum of a {b['megabytes']} MB float32 tensor, "
