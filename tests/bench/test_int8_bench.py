@@ -97,3 +97,24 @@ def test_stack_split_times_the_block_stack_calls_of_a_generation() -> None:
     assert split["inside_s"] > 0 and split["outside_s"] > 0
     assert stack_split(lambda: generate(fp32, prompt, 6, temperature=0), 1) is None
     assert decode_block.stack_step is original
+
+
+def test_run_case_reads_its_floor_among_its_contenders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The floor's bandwidth comes from sums timed between the contenders' runs (a row
+    each for the contenders only), and each row's floor is its bytes at that rate."""
+    from handformer.bench import generation_speed as gs
+
+    calls: list[str] = []
+
+    def fake(setup: gs.Setup) -> list[gs.Contender]:
+        def run() -> torch.Tensor:
+            calls.append("run")
+            return torch.zeros(1, gs.PROMPT + setup.case.new_tokens, dtype=torch.long)
+        return [gs.Contender("fake", "float32", run, bytes_per_token=3e6)]
+
+    monkeypatch.setattr(gs, "CONTENDER_FACTORIES", [fake])
+    rows = gs.run_case("2L-64d", QUICK_CASES["2L-64d"], repeats=2, megabytes=8)
+    assert [r["contender"] for r in rows] == ["fake"] and len(calls) == 3  # warm-up + 2
+    bandwidth = rows[0]["bandwidth_gb_per_s"] * 1e9
+    assert bandwidth > 1e8
+    assert rows[0]["floor_ms_per_token"] == pytest.approx(1000 * 3e6 / bandwidth)

@@ -5,10 +5,10 @@ against Hugging Face ``GPT2LMHeadModel`` (same shape, random weights, float32,
 Why a floor: at batch 1 a decoding step multiplies one vector by every weight matrix, so a
 step must at least *read* every weight once, and the KV cache of every layer. A row's floor is
 those bytes (weights in the dtype they are stored in, plus the mean cache read per step)
-divided by the memory bandwidth measured in the same run (streaming a large tensor once, on
-2 MiB pages where the system gives them: ``measure_bandwidth``). int8 weights cut the weight
-bytes by 4; that is the whole point of them. (A model whose weights fit in the CPU's
-last-level cache can beat a DRAM floor.)
+divided by the memory bandwidth measured among the contenders (summing a large tensor on
+2 MiB pages where the system gives them, once a round: ``_bandwidth_probe``). int8 weights
+cut the weight bytes by 4; that is the whole point of them. (A model whose weights fit in
+the CPU's last-level cache can beat a DRAM floor.)
 
 Four parts, all in one process, contenders alternated (median of ``--repeats`` after a
 warm-up) so machine noise hits them alike, once per thread count in ``--threads``:
@@ -144,21 +144,41 @@ def step_bytes(model: nn.Module, mean_context: float, cache_dtype: torch.dtype) 
         (), dtype=cache_dtype).element_size()
 
 
-def measure_bandwidth(repeats: int, megabytes: int = 512) -> float:
-    """Bytes per second this process reads from memory, on the current thread count: the
-    median time to sum a float32 tensor far larger than any cache. The tensor lies on 2 MiB
-    pages where the system gives them (``nn.huge_pages``, as the int8 weights do): a read in
-    4 KiB pages pays a page walk every 4 KiB and is slower, which would flatter every floor
-    set by it."""
+def _big_tensor(megabytes: int) -> Tensor:
+    """A float32 tensor far larger than any cache, on 2 MiB pages where the system gives
+    them (``nn.huge_pages``, as the int8 weights and the KV cache are): a read in 4 KiB
+    pages pays a page walk every 4 KiB and is slower, which would flatter every floor set
+    by it."""
     numel = megabytes * 2**20 // 4
     laid = huge_pages.zeros([(numel,)], torch.float32)
-    big = torch.ones(numel) if laid is None else laid[0].fill_(1.0)
+    return torch.ones(numel) if laid is None else laid[0].fill_(1.0)
+
+
+def measure_bandwidth(repeats: int, megabytes: int = 512) -> float:
+    """Bytes per second this process reads from memory, on the current thread count: the
+    median time to sum ``_big_tensor`` once, over ``repeats`` sums after a warm-up one."""
+    big = _big_tensor(megabytes)
     times = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
         big.sum()
         times.append(time.perf_counter() - t0)
     return big.numel() * 4 / statistics.median(times[1:])
+
+
+BANDWIDTH_PROBE = "memory bandwidth (sum)"
+PROBE_SUMS = 3
+
+
+def _bandwidth_probe(megabytes: int) -> Callable[[], None]:
+    """``PROBE_SUMS`` sums of one ``_big_tensor``: timed among a case's contenders, once a
+    round, so that its floor is read under the same load as they run."""
+    big = _big_tensor(megabytes)
+
+    def probe() -> None:
+        for _ in range(PROBE_SUMS):
+            big.sum()
+    return probe
 
 
 # -- contenders -------------------------------------------------------------------------------
@@ -318,12 +338,19 @@ def build_setup(name: str, case: Case) -> Setup:
     return Setup(name, case, model, torch.randint(1, VOCAB, (1, PROMPT)))
 
 
-def run_case(name: str, case: Case, repeats: int, bandwidth: float) -> list[dict[str, Any]]:
-    """Every registered contender on one case; a row each, with its floor."""
+def run_case(name: str, case: Case, repeats: int,
+             megabytes: int = 512) -> list[dict[str, Any]]:
+    """Every registered contender on one case; a row each, with its floor. The floor's
+    bandwidth is measured among them (``_bandwidth_probe``, a ``megabytes`` tensor, once a
+    round): the machine's memory speed drifts over the minutes a case takes, which one
+    reading before them would miss."""
     setup = build_setup(name, case)
     contenders = [c for factory in CONTENDER_FACTORIES for c in factory(setup)]
     compiled_before = compile_seconds()
-    times, outputs = time_alternating({c.name: c.run for c in contenders}, repeats)
+    fns: dict[str, Callable[[], Any]] = {c.name: c.run for c in contenders}
+    fns[BANDWIDTH_PROBE] = _bandwidth_probe(megabytes)
+    times, outputs = time_alternating(fns, repeats)
+    bandwidth = PROBE_SUMS * megabytes * 2**20 / statistics.median(times[BANDWIDTH_PROBE])
     reference = outputs[contenders[0].name][0, PROMPT:]  # handformer fp32's greedy tokens
     rows = []
     for c in contenders:
@@ -338,6 +365,7 @@ def run_case(name: str, case: Case, repeats: int, bandwidth: float) -> list[dict
             "tokens_per_s": case.new_tokens / med, "ms_per_token": 1000 * med / case.new_tokens,
             "mb_per_token": c.bytes_per_token / 1e6, "floor_ms_per_token": 1000 * floor,
             "fraction_of_floor": floor / (med / case.new_tokens),
+            "bandwidth_gb_per_s": bandwidth / 1e9,
             "agreement_with_fp32": agree, "note": c.note})
     for c, r in zip(contenders, rows, strict=True):
         split = stack_split(c.run, repeats) if c.split_stack else None
@@ -473,6 +501,11 @@ def print_report(result: dict[str, Any]) -> None:
                   f"{100 * r['stack_fraction_of_floor']:.0f} % of the floor), "
                   f"{r['outside_stack_ms_per_token']:.3f} outside it (embedding, final norm, "
                   "head, sampling, generate's loop)")
+    floors = {(r["case"], r["threads"]): r["bandwidth_gb_per_s"] for r in result["rows"]
+              if "bandwidth_gb_per_s" in r}
+    for (case, t), gb_per_s in floors.items():
+        print(f"floor bandwidth, {case} {t}T: {gb_per_s:.1f} GB/s (summing a large tensor among "
+              "the contenders, once a round, median)")
     for b in result["bandwidth"]:
         print(f"memory bandwidth, {b['threads']} thread(s): {b['gb_per_s']:.1f} GB/s "
               f"(sum of a {b['megabytes']} MB float32 tensor, "
@@ -525,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
                     result["token_products"].append(token)
             for name, case in cases.items():
                 print(f"[{t} thread(s)] {name} …", flush=True)
-                result["rows"] += run_case(name, case, repeats, bandwidth)
+                result["rows"] += run_case(name, case, repeats, megabytes)
                 args.out.write_text(json.dumps(result, indent=2))  # a long run keeps its rows
     finally:
         torch.set_num_threads(before)
