@@ -85,9 +85,9 @@ def test_token_products_count_a_tokens_layer_weights_and_their_rate() -> None:
 @pytest.mark.skipif(decode_block.block_step_status() is not None,
                     reason=f"no C kernel here: {decode_block.block_step_status()}")
 def test_stack_split_times_the_block_stack_calls_of_a_generation() -> None:
-    """One stack call per generated token after the first (the prompt's forward is not one);
-    the two parts add up to the run; a model the kernel declines (float32) has no split, and
-    the module's function is the original again afterwards."""
+    """One stack call per generated token after the first (the prompt's forward is not one),
+    time on both sides of them; a model the kernel declines (float32) has no split, and the
+    module's function is the original again afterwards."""
     original = decode_block.stack_step
     fp32 = DecoderLM(tiny_config(positional="learned")).eval()
     int8 = quantize_int8(fp32)
