@@ -366,3 +366,61 @@ def test_one_row_against_a_two_row_cache_is_the_modules_error() -> None:
     block = _model().blocks[0]
     with torch.inference_mode(), pytest.raises(ValueError, match="do not fit the cache"):
         block(torch.randn(1, 1, 64), cache=KVCache(2, 4, 3, 16), cache_start=0)
+
+
+def test_a_held_stack_is_checked_once_with_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model(n_layers=3)
+    reference = _steps(model, 6)
+    checked: list[object] = []
+    original = decode_block._bound_block
+
+    def counting(*args: object) -> object:
+        checked.append(args[0])
+        return original(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(decode_block, "_bound_block", counting)
+    with decode_block.checks_held():
+        held = _steps(model, 6)
+    # the first one-token step checked the 3 blocks; the 5 after it reused that
+    assert checked == list(model.blocks)
+    assert torch.equal(held[0], reference[0]) and torch.equal(held[1], reference[1])
+    _steps(model, 2)  # the hold closed: every call checks again
+    assert len(checked) == 3 + 2 * 3
+
+
+def test_a_held_stack_checks_again_after_forget_or_past_its_capacity() -> None:
+    model = _model()
+    seen: list[int] = []
+    torch.manual_seed(1)
+    with torch.inference_mode(), decode_block.checks_held() as hold:
+        cache = model.make_cache(1, 8)
+        model(torch.randint(0, 61, (1, 5)), cache=cache)
+        model(torch.tensor([[3]]), cache=cache)  # served, and held
+        handle = model.blocks[1].ffn.fc_in.register_forward_hook(lambda *_: seen.append(1))
+        hold.forget()
+        model(torch.tensor([[4]]), cache=cache)
+        handle.remove()
+        hold.forget()
+        x = torch.randn(1, 1, 64)
+        assert decode_block.stack_step(model.blocks, x, cache.layers, 7) is not None  # held
+        # a column past the caches is not taken from the hold: the full checks decline it
+        assert decode_block.stack_step(model.blocks, x, cache.layers, 8) is None
+    assert seen == [1]
+
+
+def test_generate_checks_the_stack_again_after_on_token() -> None:
+    """``on_token`` is the caller's code: a hook it adds is seen by every later step."""
+    from handformer.generate import generate
+
+    model = _model()
+    seen: list[int] = []
+    calls: list[int] = []
+
+    def on_token(ids: Tensor) -> None:
+        calls.append(int(ids[0]))
+        if len(calls) == 2:  # after one held one-token step
+            model.blocks[1].ffn.fc_in.register_forward_hook(lambda *_: seen.append(1))
+
+    generate(model, torch.tensor([[1, 2, 3]]), 6, temperature=0.0, on_token=on_token)
+    assert len(calls) == 6 and len(seen) == 4  # tokens 3 to 6: one step each

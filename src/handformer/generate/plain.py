@@ -48,6 +48,7 @@ from handformer.config import ModelConfig
 from handformer.data.classification import DataWarning
 from handformer.masks import check_padding_mask
 from handformer.models.budget import Estimate, check_fits, generation_estimate
+from handformer.nn import decode_block
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["GREEDY_TEMPERATURE", "NonFiniteLogitsError", "apply_repetition_penalty",
@@ -339,7 +340,9 @@ def generate(
     checked: dict[str, Any] = {}  # the first call: validate as usual
     start, cached = 0, False  # window start; whether the cache holds [start, length - 1)
     try:
-        with small_op_kernels(param):
+        # The loop owns the model and cache between its own steps: the block kernel checks
+        # the stack once, and again after on_token (the caller's code) ran.
+        with small_op_kernels(param), decode_block.checks_held() as hold:
             for _ in range(max_new_tokens):
                 new_start = slide_window(start, length, max_len)
                 if cache is None:
@@ -371,7 +374,10 @@ def generate(
                     finished |= nxt == eos_id
                 tokens[:, length] = nxt
                 length += 1
-                stop = on_token(nxt) if on_token is not None else None
+                stop = None
+                if on_token is not None:
+                    stop = on_token(nxt)
+                    hold.forget()
                 if stop or (eos_id is not None and bool(finished.all())):
                     break
     finally:

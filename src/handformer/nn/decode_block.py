@@ -20,9 +20,13 @@ switches it) — and whenever something watches the block's modules (a forward h
 ``stack_step`` runs a whole stack of such blocks as one C call (``Trunk.run_blocks`` asks it
 first), so that no Python runs between blocks while their weights stream through the caches;
 it declines unless every block is served, in eval mode, and unhooked itself (the blocks are
-then called one by one, each asking ``step``). ``disabled()`` turns both off for a block of
-code (tests hold the paths equal; benchmarks time both). The path (AVX-512 VNNI, AVX-512,
-AVX2, plain C) is the int8 loop's, capped by ATen's level; every path gives the same bits.
+then called one by one, each asking ``step``). Every call checks all of that again, which
+touches every module and tensor of every block — cold, since the weights' stream has just
+pushed them out of the caches — unless the caller's loop holds the checks
+(``checks_held``: ``generate`` does, and lets go after each ``on_token``). ``disabled()``
+turns both off for a block of code (tests hold the paths equal; benchmarks time both). The
+path (AVX-512 VNNI, AVX-512, AVX2, plain C) is the int8 loop's, capped by ATen's level;
+every path gives the same bits.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
 from handformer.nn.quantized import Int8Linear
 
-__all__ = ["block_step_status", "disabled", "stack_step", "step"]
+__all__ = ["StackHold", "block_step_status", "checks_held", "disabled", "stack_step",
+           "step"]
 
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # int8_kernel.c's ISA_* values
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -258,13 +263,82 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
     return y
 
 
+class _Stack:
+    """A served stack's C arguments, built once its blocks and caches passed every check:
+    kept by a ``checks_held`` block so that later calls of the same stack skip the checks."""
+
+    __slots__ = ("blocks", "caches", "capacity", "caps", "kvs", "structs", "work")
+
+    def __init__(self, blocks: Sequence[nn.Module], caches: Sequence[object],
+                 structs: ctypes.Array, kvs: ctypes.Array, caps: ctypes.Array,
+                 width: int) -> None:
+        self.blocks, self.caches = blocks, caches  # held: their ids key the hold
+        self.structs, self.kvs, self.caps = structs, kvs, caps
+        self.capacity = min(caps)  # the fewest columns a block's cache has
+        self.work = torch.empty(2 * width)  # (2·C,) the hidden states between blocks
+
+    def run(self, lib: ctypes.CDLL, x: Tensor, start: int) -> Tensor:
+        y = torch.empty_like(x)  # (1, 1, C)
+        if lib.hf_decode_stack(_LIB.default, len(self.blocks), self.structs, self.kvs,
+                               self.caps, start, x.data_ptr(), self.work.data_ptr(),
+                               y.data_ptr()) != 0:
+            raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} "
+                              "keys")
+        return y
+
+
+class StackHold:
+    """What ``checks_held`` yields: ``forget()`` drops the stacks it keeps, so that the next
+    call checks everything again (call it whenever code other than the loop's own ran)."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[tuple[int, int], _Stack] = {}
+
+    def forget(self) -> None:
+        self.stacks.clear()
+
+
+_HOLDS = threading.local()  # .open: this thread's open holds, innermost last
+
+
+@contextmanager
+def checks_held() -> Iterator[StackHold]:
+    """Within the block (this thread), a stack ``stack_step`` served is checked once: while the
+    same blocks and caches come back, its C arguments are reused and only the column is
+    checked. For a loop that owns its model and caches and runs no other code between steps
+    (``generate``'s token loop): whatever could change a block — a hook, a new weight, a
+    module swapped, ``disabled()``, a forced attention kind, grad mode — would come from other
+    code, so the loop calls ``forget()`` after running any (``on_token``). Checking a stack
+    touches every tensor and module of every block, and between tokens the weights' stream
+    has pushed all of them out of the caches."""
+    hold = StackHold()
+    holds = getattr(_HOLDS, "open", None)
+    if holds is None:
+        holds = _HOLDS.open = []
+    holds.append(hold)
+    try:
+        yield hold
+    finally:
+        holds.remove(hold)
+        hold.forget()
+
+
 def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
                start: int) -> Tensor | None:
     """Every block's decoding step in turn, as one C call: x (1, 1, C) → (1, 1, C), block
     i's keys and values written at column ``start`` of ``caches[i]``. None unless the kernel
     serves every block, no block is in training mode and nothing hooks a block itself (whose
     hooks a C call would skip): the caller then calls the blocks one by one, each of which
-    may still take ``step``."""
+    may still take ``step``. Inside ``checks_held`` a stack served once is not checked again."""
+    holds = getattr(_HOLDS, "open", None)
+    hold = holds[-1] if holds else None
+    if hold is not None and not getattr(_OFF, "depth", 0):
+        held = hold.stacks.get((id(blocks), id(caches)))
+        if held is not None and held.blocks is blocks and held.caches is caches \
+                and 0 <= start < held.capacity:
+            lib = _LIB.lib()
+            if lib is not None:
+                return held.run(lib, x, start)
     if not blocks or len(blocks) != len(caches) or not _serves(x):
         return None
     n = len(blocks)
@@ -280,9 +354,7 @@ def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
     lib = _LIB.lib()
     if lib is None:
         return None
-    y = torch.empty_like(x)  # (1, 1, C)
-    work = torch.empty(2 * x.shape[2])  # (2·C,) the hidden states between blocks
-    if lib.hf_decode_stack(_LIB.default, n, structs, kvs, caps, start, x.data_ptr(),
-                           work.data_ptr(), y.data_ptr()) != 0:
-        raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} keys")
-    return y
+    stack = _Stack(blocks, caches, structs, kvs, caps, x.shape[2])
+    if hold is not None:
+        hold.stacks[(id(blocks), id(caches))] = stack
+    return stack.run(lib, x, start)
