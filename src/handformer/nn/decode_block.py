@@ -246,6 +246,11 @@ def _bound_block(block: nn.Module, x: Tensor, cache: object, start: int) -> _Blo
     return c_block
 
 
+def _no_scratch(start: int) -> MemoryError:
+    """What a C step that could not allocate its scratch raises (it wrote nothing)."""
+    return MemoryError(f"block decoding step: no memory for the scratch of {start + 1} keys")
+
+
 def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | None:
     """The block's decoding step for x (1, 1, C) with its keys and values written at column
     ``start`` of ``cache`` → (1, 1, C); None where the kernel does not serve this call (see
@@ -259,7 +264,7 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
     y = torch.empty_like(x)  # (1, 1, C)
     if lib.hf_decode_block(_LIB.default, ctypes.byref(c_block), x.data_ptr(),
                            cache.kv.data_ptr(), cache.kv.shape[2], start, y.data_ptr()) != 0:
-        raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} keys")
+        raise _no_scratch(start)
     return y
 
 
@@ -282,8 +287,7 @@ class _Stack:
         if lib.hf_decode_stack(_LIB.default, len(self.blocks), self.structs, self.kvs,
                                self.caps, start, x.data_ptr(), self.work.data_ptr(),
                                y.data_ptr()) != 0:
-            raise MemoryError(f"block decoding step: no memory for the scratch of {start + 1} "
-                              "keys")
+            raise _no_scratch(start)
         return y
 
 
