@@ -424,3 +424,36 @@ def test_generate_checks_the_stack_again_after_on_token() -> None:
 
     generate(model, torch.tensor([[1, 2, 3]]), 6, temperature=0.0, on_token=on_token)
     assert len(calls) == 6 and len(seen) == 4  # tokens 3 to 6: one step each
+
+
+
+def test_a_held_stack_holds_the_memory_it_reads() -> None:
+    """A held stack is not checked again, so the memory its C arguments point into must stay
+    alive whatever is done to the modules meanwhile: every pointer lies in a storage the stack
+    holds, even after a weight's ``.data`` was swapped (read as it was until ``forget()``)."""
+    model = _model()
+    torch.manual_seed(2)
+    x = torch.randn(1, 1, 64)
+    with torch.inference_mode(), decode_block.checks_held() as hold:
+        cache = model.make_cache(1, 8)
+        first = decode_block.stack_step(model.blocks, x, cache.layers, 0)
+        norm = model.blocks[1].norm2
+        with torch.no_grad():
+            norm.weight.data = torch.full_like(norm.weight, 2.0)
+        (stack,) = hold.stacks.values()
+        spans = [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in stack.read]
+        pointers = [stack.kvs[i] for i in range(len(stack.kvs))]
+        for i in range(len(stack.structs)):
+            block = stack.structs[i].contents
+            pointers += [block.norm1_w, block.norm1_b, block.norm2_w, block.norm2_b]
+            for linear in (block.in_proj, block.out_proj, block.fc_in, block.fc_out):
+                pointers += [linear.q, linear.scale, linear.bias]
+        pointers = [p for p in pointers if p]  # NULL (no bias) reads nothing
+        again = decode_block.stack_step(model.blocks, x, cache.layers, 0)
+        hold.forget()
+        fresh = decode_block.stack_step(model.blocks, x, cache.layers, 0)
+    assert len(pointers) == 2 + 2 * (4 + 4 * 3)
+    assert all(any(lo <= p < hi for lo, hi in spans) for p in pointers)
+    assert first is not None and again is not None and fresh is not None
+    assert torch.equal(again, first)  # held: the old weight, from memory still alive
+    assert not torch.equal(fresh, first)  # checked again: the new weight

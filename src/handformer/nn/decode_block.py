@@ -272,15 +272,24 @@ class _Stack:
     """A served stack's C arguments, built once its blocks and caches passed every check:
     kept by a ``checks_held`` block so that later calls of the same stack skip the checks."""
 
-    __slots__ = ("blocks", "caches", "capacity", "caps", "kvs", "structs", "work")
+    __slots__ = ("blocks", "caches", "capacity", "caps", "kvs", "read", "structs", "work")
 
     def __init__(self, blocks: Sequence[nn.Module], caches: Sequence[object],
                  structs: ctypes.Array, kvs: ctypes.Array, caps: ctypes.Array,
                  width: int) -> None:
         self.blocks, self.caches = blocks, caches  # held: their ids key the hold
         self.structs, self.kvs, self.caps = structs, kvs, caps
+        self.read: list[torch.UntypedStorage] = []
         self.capacity = min(caps)  # the fewest columns a block's cache has
         self.work = torch.empty(2 * width)  # (2·C,) the hidden states between blocks
+
+    def keep_memory(self) -> None:
+        """Hold the storage of every tensor the arguments point into (the blocks' weights,
+        the caches' buffers): a held stack is not checked again, so even a weight whose
+        ``.data`` is swapped meanwhile must not free the memory the C call reads."""
+        tensors = [t for b in self.blocks for t in _BOUND[b].tensors]
+        tensors += [c.kv for c in self.caches]  # type: ignore[attr-defined]
+        self.read = [t.untyped_storage() for t in tensors]
 
     def run(self, lib: ctypes.CDLL, x: Tensor, start: int) -> Tensor:
         y = torch.empty_like(x)  # (1, 1, C)
@@ -360,5 +369,6 @@ def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
         return None
     stack = _Stack(blocks, caches, structs, kvs, caps, x.shape[2])
     if hold is not None:
+        stack.keep_memory()
         hold.stacks[(id(blocks), id(caches))] = stack
     return stack.run(lib, x, start)
