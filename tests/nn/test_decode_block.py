@@ -426,7 +426,6 @@ def test_generate_checks_the_stack_again_after_on_token() -> None:
     assert len(calls) == 6 and len(seen) == 4  # tokens 3 to 6: one step each
 
 
-
 def test_a_held_stack_holds_the_memory_it_reads() -> None:
     """A held stack is not checked again, so the memory its C arguments point into must stay
     alive whatever is done to the modules meanwhile: every pointer lies in a storage the stack

@@ -272,11 +272,13 @@ class _Stack:
     """A served stack's C arguments, built once its blocks and caches passed every check:
     kept by a ``checks_held`` block so that later calls of the same stack skip the checks."""
 
-    __slots__ = ("blocks", "caches", "capacity", "caps", "kvs", "read", "structs", "work")
+    __slots__ = ("blocks", "caches", "capacity", "caps", "kvs", "lib", "read", "structs",
+                 "work")
 
-    def __init__(self, blocks: Sequence[nn.Module], caches: Sequence[object],
+    def __init__(self, lib: ctypes.CDLL, blocks: Sequence[nn.Module], caches: Sequence[object],
                  structs: ctypes.Array, kvs: ctypes.Array, caps: ctypes.Array,
                  width: int) -> None:
+        self.lib = lib
         self.blocks, self.caches = blocks, caches  # held: their ids key the hold
         self.structs, self.kvs, self.caps = structs, kvs, caps
         self.read: list[torch.UntypedStorage] = []
@@ -291,9 +293,9 @@ class _Stack:
         tensors += [c.kv for c in self.caches]  # type: ignore[attr-defined]
         self.read = [t.untyped_storage() for t in tensors]
 
-    def run(self, lib: ctypes.CDLL, x: Tensor, start: int) -> Tensor:
+    def run(self, x: Tensor, start: int) -> Tensor:
         y = torch.empty_like(x)  # (1, 1, C)
-        if lib.hf_decode_stack(_LIB.default, len(self.blocks), self.structs, self.kvs,
+        if self.lib.hf_decode_stack(_LIB.default, len(self.blocks), self.structs, self.kvs,
                                self.caps, start, x.data_ptr(), self.work.data_ptr(),
                                y.data_ptr()) != 0:
             raise _no_scratch(start)
@@ -349,9 +351,7 @@ def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
         held = hold.stacks.get((id(blocks), id(caches)))
         if held is not None and held.blocks is blocks and held.caches is caches \
                 and 0 <= start < held.capacity:
-            lib = _LIB.lib()
-            if lib is not None:
-                return held.run(lib, x, start)
+            return held.run(x, start)
     if not blocks or len(blocks) != len(caches) or not _serves(x):
         return None
     n = len(blocks)
@@ -367,8 +367,8 @@ def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
     lib = _LIB.lib()
     if lib is None:
         return None
-    stack = _Stack(blocks, caches, structs, kvs, caps, x.shape[2])
+    stack = _Stack(lib, blocks, caches, structs, kvs, caps, x.shape[2])
     if hold is not None:
         stack.keep_memory()
         hold.stacks[(id(blocks), id(caches))] = stack
-    return stack.run(lib, x, start)
+    return stack.run(x, start)
