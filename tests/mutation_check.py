@@ -261,6 +261,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "itself, which then misses those steps",
     ),
     Mutant(
+        "decode_token_position_left_at_zero", "nn/decode_block.py",
+        "start, ids.data_ptr(), start, ctypes.byref(self.ends),",
+        "start, ids.data_ptr(), 0, ctypes.byref(self.ends),",
+        ("tests/nn/test_decode_block.py",),
+        "the whole-token kernel adds the first position's vector to every token, so a cached "
+        "decoding step forgets where it is",
+    ),
+    Mutant(
         "int8_weights_left_in_small_pages", "models/quantize.py",
         "    _pack_int8_weights(target)\n    return target\n",
         "    return target\n",

@@ -55,14 +55,17 @@ def _steps(model: DecoderLM, n: int = 12) -> tuple[Tensor, Tensor]:
 
 
 class _Spy:
-    """Wraps ``decode_block.step`` and ``stack_step``: how many block steps the kernel served
-    (a served stack counts each of its blocks; ``stacks`` counts the stack calls served) and
-    how many ``step`` declined (a declined stack falls back to ``step`` per block)."""
+    """Wraps ``decode_block.step``, ``stack_step`` and ``token_step``: how many block steps
+    the kernel served (a served stack or token counts each of its blocks; ``stacks`` counts
+    the stack and token calls served, ``tokens`` the token calls) and how many ``step``
+    declined (a declined token falls back to the stack, a declined stack to ``step`` per
+    block)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.served = self.declined = self.stacks = 0
+        self.served = self.declined = self.stacks = self.tokens = 0
         original: Callable[..., Tensor | None] = decode_block.step
         original_stack: Callable[..., Tensor | None] = decode_block.stack_step
+        original_token: Callable[..., Tensor | None] = decode_block.token_step
 
         def spy(*args: object) -> Tensor | None:
             y = original(*args)
@@ -79,8 +82,17 @@ class _Spy:
                 self.stacks += 1
             return y
 
+        def token_spy(model: DecoderLM, *args: object) -> Tensor | None:
+            y = original_token(model, *args)
+            if y is not None:
+                self.served += len(model.blocks)
+                self.stacks += 1
+                self.tokens += 1
+            return y
+
         monkeypatch.setattr(decode_block, "step", spy)
         monkeypatch.setattr(decode_block, "stack_step", stack_spy)
+        monkeypatch.setattr(decode_block, "token_step", token_spy)
 
 
 CONFIGS = {
@@ -101,6 +113,7 @@ def test_the_kernel_step_equals_the_modules_step(name: str,
     spy = _Spy(monkeypatch)
     fused, fused_kv = _steps(model)
     assert spy.served == 12 * model.config.n_layers and spy.declined == 0
+    assert spy.tokens == 12  # the whole token: embedding, blocks, final norm and head
     with decode_block.disabled():
         ref, ref_kv = _steps(model)
     assert spy.served == 12 * model.config.n_layers  # disabled: not even asked
@@ -242,9 +255,10 @@ def test_hooks_and_attention_captures_still_see_every_step(
 def test_the_stack_is_one_call_per_token_with_the_blocks_own_bits(
         monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model(n_layers=3)
+    monkeypatch.setattr(decode_block, "token_step", lambda *args: None)  # the stack alone
     spy = _Spy(monkeypatch)
     stacked = _steps(model, 6)
-    assert spy.stacks == 6 and spy.served == 6 * 3 and spy.declined == 0
+    assert spy.stacks == 6 and spy.tokens == 0 and spy.served == 6 * 3 and spy.declined == 0
     monkeypatch.setattr(decode_block, "stack_step", lambda *args: None)
     by_block = _steps(model, 6)
     assert spy.served == 2 * 6 * 3  # now block by block, every block still the kernel's
@@ -278,6 +292,8 @@ class _Wrapped(torch.nn.Module):
 def test_a_module_of_the_users_in_the_stack_is_run_as_it_is(
         monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model()
+    # the model's ends run as modules on both sides: only the stack's handling differs
+    monkeypatch.setattr(decode_block, "token_step", lambda *args: None)
     reference = _steps(model, 4)
     model.blocks[0] = _Wrapped(model.blocks[0])
     spy = _Spy(monkeypatch)
@@ -456,3 +472,128 @@ def test_a_held_stack_holds_the_memory_it_reads() -> None:
     assert first is not None and again is not None and fresh is not None
     assert torch.equal(again, first)  # held: the old weight, from memory still alive
     assert not torch.equal(fresh, first)  # checked again: the new weight
+
+
+def test_a_token_writes_the_stacks_cache_and_the_modules_logits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token call runs the stack's C with the embedding's own float add before it: the
+    cache holds the same bits as the stack alone writes; the logits differ from the stack
+    path's only by the final norm, plain C against torch's (within the module's tolerance)."""
+    model = _model(n_layers=3)
+    spy = _Spy(monkeypatch)
+    token = _steps(model, 6)
+    assert spy.tokens == 6 and spy.served == 6 * 3
+    monkeypatch.setattr(decode_block, "token_step", lambda *args: None)
+    stack = _steps(model, 6)
+    assert spy.tokens == 6 and spy.stacks == 12
+    assert torch.equal(token[1], stack[1])
+    assert float((token[0] - stack[0]).abs().max()) <= REL * float(stack[0].abs().max())
+
+
+def _hook(module_name: str) -> Callable[[DecoderLM], object]:
+    def hook(model: DecoderLM) -> object:
+        return model.get_submodule(module_name).register_forward_hook(lambda *_: None)
+    return hook
+
+
+def _float_head(model: DecoderLM) -> None:
+    head = torch.nn.Linear(64, 61, bias=False)
+    model.lm_head = head
+
+
+# name → (model overrides, what is done to the model after it is built)
+ENDS_DECLINED: dict[str, tuple[dict[str, object], Callable[[DecoderLM], object] | None]] = {
+    "hooked embedding": ({}, _hook("embed")),
+    "hooked token table": ({}, _hook("embed.token")),
+    "hooked positions": ({}, _hook("embed.positions.table")),
+    "hooked final norm": ({}, _hook("final_norm")),
+    "hooked head": ({}, _hook("lm_head")),
+    "float head": ({}, _float_head),
+    "soft-capped logits": (dict(logit_softcap=3.0), None),
+    "embedding norm": (dict(embedding_norm=True), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENDS_DECLINED))
+def test_ends_it_was_not_written_for_leave_the_blocks_to_the_stack(
+        name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides, change = ENDS_DECLINED[name]
+    model = _model(**overrides)
+    if change is not None:
+        change(model)
+    spy = _Spy(monkeypatch)
+    served = _steps(model, 3)
+    assert spy.tokens == 0 and spy.stacks == 3, name
+    with decode_block.disabled():
+        ref = _steps(model, 3)
+    assert float((served[0] - ref[0]).abs().max()) <= REL * float(ref[0].abs().max()), name
+
+
+def test_an_id_outside_the_table_is_the_modules_error_and_int32_ids_run_the_stack(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    spy = _Spy(monkeypatch)
+    with torch.inference_mode():
+        cache = model.make_cache(1, 8)
+        model(torch.randint(0, 61, (1, 3)), cache=cache)
+        with pytest.raises(IndexError):  # unchecked: the embedding's own error, nothing read
+            model(torch.tensor([[61]]), cache=cache, validate=False)
+        cache = model.make_cache(1, 8)
+        model(torch.randint(0, 61, (1, 3)), cache=cache)
+        logits = model(torch.tensor([[5]], dtype=torch.int32), cache=cache)
+    assert spy.tokens == 0 and spy.stacks == 1 and logits.shape == (1, 1, 61)
+
+
+def test_a_held_token_is_checked_once_and_holds_the_memory_it_reads(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model()
+    reference = _steps(model, 6)
+    checked: list[object] = []
+    original = decode_block._ends
+
+    def counting(m: DecoderLM) -> object:
+        checked.append(m)
+        return original(m)
+
+    monkeypatch.setattr(decode_block, "_ends", counting)
+    with decode_block.checks_held() as hold:
+        held = _steps(model, 6)
+        (token,) = hold.stacks.values()
+    assert checked == [model]
+    assert torch.equal(held[0], reference[0]) and torch.equal(held[1], reference[1])
+    spans = [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in token.read]
+    ends = token.ends
+    pointers = [p for p in (ends.token, ends.positions, ends.norm_w, ends.norm_b, ends.head.q,
+                            ends.head.scale, ends.head.bias) if p]
+    assert len(pointers) == 6  # the head has no bias
+    assert all(any(lo <= p < hi for lo, hi in spans) for p in pointers)
+    assert token.stack.read  # and the stack's own
+
+
+def test_generate_sees_a_hook_on_the_head_that_on_token_adds() -> None:
+    from handformer.generate import generate
+
+    model = _model()
+    seen: list[int] = []
+    calls: list[int] = []
+
+    def on_token(ids: Tensor) -> None:
+        calls.append(int(ids[0]))
+        if len(calls) == 2:  # after one held token
+            model.lm_head.register_forward_hook(lambda *_: seen.append(1))
+
+    generate(model, torch.tensor([[1, 2, 3]]), 6, temperature=0.0, on_token=on_token)
+    assert len(calls) == 6 and len(seen) == 4
+
+
+def test_greedy_tokens_past_the_window_are_the_modules_tokens() -> None:
+    """Past ``max_len`` generate slides the window and refills the cache: positions restart
+    with it, and the token call's position (its column) must follow."""
+    from handformer.generate import generate
+
+    model = _model(max_len=12)
+    prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(4))
+    fused = generate(model, prompt, 30, temperature=0.0)
+    with decode_block.disabled():
+        ref = generate(model, prompt, 30, temperature=0.0)
+    assert torch.equal(fused, ref)

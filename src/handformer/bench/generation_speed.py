@@ -24,9 +24,10 @@ warm-up) so machine noise hits them alike, once per thread count in ``--threads`
   and 12L-768d (GPT-2 small's shape). Contenders come from ``CONTENDER_FACTORIES``: more can
   be registered there (``register_contenders``) and are timed and floored alike. The int8
   row also says where its tokens' time goes, from the same generations run again: inside
-  the one call per token that runs every block (``decode_block.stack_step``, its binding
-  checks included) and outside it (the embedding, the final norm, the head, sampling and
-  ``generate``'s own loop, all run with the caches the block weights just streamed through).
+  the one C call per token (``decode_block.token_step``: embedding, every block, final norm
+  and head; its checks included) and outside it (``DecoderLM.forward``'s cache bookkeeping,
+  sampling and ``generate``'s own loop, all run with the caches the weights just streamed
+  through).
 * the int8 quality on a *trained* model lives in ``bench.int8_quality`` (it needs a run).
 
     python benchmarks/generation_speed.py                  # full: three cases, 1 and 2 threads
@@ -114,7 +115,7 @@ class Contender:
     bytes_per_token: float
     note: str = ""
     same_weights: bool = True  # the case's model (agreement with its fp32 tokens is meaningful)
-    split_stack: bool = False  # also time its block-stack calls apart (``stack_split``)
+    split_stack: bool = False  # also time its one-call tokens apart (``stack_split``)
 
 
 ContenderFactory = Callable[[Setup], list[Contender]]
@@ -290,29 +291,36 @@ def time_alternating(fns: dict[str, Callable[[], Any]],
 
 @contextmanager
 def _timed_stack_steps(seconds: list[float]) -> Iterator[None]:
-    """Within the block, the seconds of each ``decode_block.stack_step`` call that ran the
-    stack go into ``seconds`` (the trunk looks the function up on the module at every call;
-    a declined call's time counts as outside)."""
-    original = decode_block.stack_step
+    """Within the block, the seconds of each call that ran every block at once go into
+    ``seconds``: ``decode_block.token_step`` (the whole token: embedding, blocks, final norm
+    and head) or ``decode_block.stack_step`` (the blocks alone, where the model's ends are
+    not the token kernel's). Callers look both up on the module at every call; a declined
+    call's time counts as outside."""
+    originals = {name: getattr(decode_block, name) for name in ("token_step", "stack_step")}
 
-    def timed(*args: Any) -> Tensor | None:
-        t0 = time.perf_counter()
-        y = original(*args)
-        if y is not None:
-            seconds.append(time.perf_counter() - t0)
-        return y
+    def timed(original: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
+        def run(*args: Any) -> Tensor | None:
+            t0 = time.perf_counter()
+            y = original(*args)
+            if y is not None:
+                seconds.append(time.perf_counter() - t0)
+            return y
+        return run
 
-    decode_block.stack_step = timed  # type: ignore[assignment]
+    for name, original in originals.items():
+        setattr(decode_block, name, timed(original))
     try:
         yield
     finally:
-        decode_block.stack_step = original  # type: ignore[assignment]
+        for name, original in originals.items():
+            setattr(decode_block, name, original)
 
 
 def stack_split(run: Callable[[], Any], repeats: int) -> dict[str, float] | None:
-    """Where one generation's time goes: median seconds per run inside the block-stack calls
-    and outside them, and how many calls a run made, over ``repeats`` runs; None where no
-    call took the stack (the kernel declined, or is not built here)."""
+    """Where one generation's time goes: median seconds per run inside the calls that ran
+    every block at once (the token kernel's or the stack's) and outside them, and how many
+    calls a run made, over ``repeats`` runs; None where no call took the blocks (the kernel
+    declined, or is not built here)."""
     inside, outside, calls = [], [], 0
     for _ in range(repeats):
         seconds: list[float] = []
@@ -497,10 +505,10 @@ def print_report(result: dict[str, Any]) -> None:
     for r in result["rows"]:
         if "stack_ms_per_token" in r:
             print(f"  {r['case']} {r['threads']}T {r['contender']}: {r['stack_ms_per_token']:.3f} "
-                  f"ms/token inside the block stack ({r['stack_calls']} calls a run; "
-                  f"{100 * r['stack_fraction_of_floor']:.0f} % of the floor), "
-                  f"{r['outside_stack_ms_per_token']:.3f} outside it (embedding, final norm, "
-                  "head, sampling, generate's loop)")
+                  f"ms/token inside the one C call per token ({r['stack_calls']} calls a "
+                  f"run; {100 * r['stack_fraction_of_floor']:.0f} % of the floor), "
+                  f"{r['outside_stack_ms_per_token']:.3f} outside it (the forward's cache "
+                  "bookkeeping, sampling, generate's loop)")
     floors = {(r["case"], r["threads"]): r["bandwidth_gb_per_s"] for r in result["rows"]
               if "bandwidth_gb_per_s" in r}
     for (case, t), gb_per_s in floors.items():

@@ -30,6 +30,7 @@ from handformer.models.budget import check_model_fits
 from handformer.models.embedding import check_ids, positions_from_padding
 from handformer.models.stack import make_cache
 from handformer.models.trunk import Trunk
+from handformer.nn import decode_block
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["DecoderLM", "positions_from_padding"]  # the latter re-exported from embedding
@@ -111,6 +112,14 @@ class DecoderLM(Trunk):
         cache_start = 0
         if cache is not None:
             positions, cache_start = cache.append_tokens(padding_mask, t)  # (B, T)
+            if t == 1 and padding_mask is None and not cache.has_padding:
+                # One real token of one request: the whole token in one C call where the
+                # kernel serves this model (``decode_block.token_step``; without padding a
+                # token's position is its column). Else the modules below.
+                logits = decode_block.token_step(self, ids, cache.layers, cache_start)
+                if logits is not None:
+                    cache.commit(1)
+                    return logits  # (1, 1, V)
             end = cache_start + t
             # Only ALiBi reads the keys' positions (RoPE rotated each key when it was cached).
             key_positions = cache.key_positions[:, :end] if self._alibi else None  # (B, S)

@@ -56,13 +56,14 @@ struct hf_block {
 /* The block takes the product's paths (the attention's AVX-512 serves both 512-bit ones). */
 int hf_block_best_isa(void) { return hf_int8_best_isa(); }
 
-static void norm(const struct hf_block *b, const float *x, const float *w, const float *bias,
-                 float *out) {
-    int64_t c = b->d_model;
-    if (b->norm_type == NORM_RMS) {
+/* x (c) → out (c): LayerNorm (type NORM_LAYER; bias may be NULL) or RMSNorm, as the header
+ * says; a block's two norms and the model's final one. */
+static void norm_row(int32_t type, int64_t c, float eps, const float *x, const float *w,
+                     const float *bias, float *out) {
+    if (type == NORM_RMS) {
         double ss = 0.0;
         for (int64_t i = 0; i < c; i++) ss += (double)x[i] * (double)x[i];
-        float inv = (float)(1.0 / sqrt(ss / (double)c + (double)b->eps));
+        float inv = (float)(1.0 / sqrt(ss / (double)c + (double)eps));
         for (int64_t i = 0; i < c; i++) out[i] = (x[i] * inv) * w[i];
         return;
     }
@@ -70,11 +71,16 @@ static void norm(const struct hf_block *b, const float *x, const float *w, const
     for (int64_t i = 0; i < c; i++) sum += x[i];
     double mean = sum / (double)c, var = 0.0;
     for (int64_t i = 0; i < c; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
-    double rstd = 1.0 / sqrt(var / (double)c + (double)b->eps);
+    double rstd = 1.0 / sqrt(var / (double)c + (double)eps);
     for (int64_t i = 0; i < c; i++) {
         float v = (float)(((double)x[i] - mean) * rstd) * w[i];
         out[i] = bias != NULL ? v + bias[i] : v;
     }
+}
+
+static void norm(const struct hf_block *b, const float *x, const float *w, const float *bias,
+                 float *out) {
+    norm_row(b->norm_type, b->d_model, b->eps, x, w, bias, out);
 }
 
 /* y (N) = x (K) · (q · scale)ᵀ + bias: hf_int8_linear's one row, in the step's scratch. */
@@ -206,5 +212,49 @@ int hf_decode_stack(int isa, int64_t n, const struct hf_block *const *blocks,
         if (hf_decode_block(isa, blocks[i], in, kvs[i], caps[i], t, out) != 0) return -1;
         in = out;
     }
+    return 0;
+}
+
+/* The model's two ends around the stack, for hf_decode_token: the token table (V_in, C), the
+ * learned positions (P, C) or NULL, the final norm (a block's norm kinds) and the head, an
+ * int8 product (V, C). */
+struct hf_ends {
+    const float *token;
+    int64_t n_tokens;
+    const float *positions;
+    int64_t n_positions;
+    int32_t norm_type;
+    float eps;
+    const float *norm_w, *norm_b; /* a LayerNorm's bias may be NULL */
+    struct hf_linear head;
+};
+
+/* A whole decoding token in one call: the token's row of the table (plus its position's
+ * row, one float add, as the embedding module does), the stack, the final norm and the head
+ * → logits (V). After the stack, the Python that ran the embedding, the norm and the head
+ * ran with caches the weights had just streamed through; here they are a few loops over C
+ * floats. `work` holds 5·C floats: the stack's 2·C, the token's input and output (C each)
+ * and the head's input grid (C int16). Returns 0; -2 where the id or the position lies
+ * outside its table (nothing is read or written: the modules' path raises the error); -1
+ * where a block's scratch cannot be allocated. */
+int hf_decode_token(int isa, int64_t n, const struct hf_block *const *blocks,
+                    float *const *kvs, const int64_t *caps, int64_t t, const int64_t *id,
+                    int64_t position, const struct hf_ends *e, float *work, float *logits) {
+    int64_t c = blocks[0]->d_model, row = *id;
+    if (row < 0 || row >= e->n_tokens
+        || (e->positions != NULL && (position < 0 || position >= e->n_positions)))
+        return -2;
+    float *x = work + 2 * c, *y = work + 3 * c;
+    int16_t *xq = (int16_t *)(work + 4 * c);
+    const float *tok = e->token + row * c;
+    if (e->positions != NULL) {
+        const float *pos = e->positions + position * c;
+        for (int64_t i = 0; i < c; i++) x[i] = tok[i] + pos[i];
+    } else {
+        for (int64_t i = 0; i < c; i++) x[i] = tok[i];
+    }
+    if (hf_decode_stack(isa, n, blocks, kvs, caps, t, x, work, y) != 0) return -1;
+    norm_row(e->norm_type, c, e->eps, y, e->norm_w, e->norm_b, x);
+    product(isa, &e->head, x, xq, logits);
     return 0;
 }

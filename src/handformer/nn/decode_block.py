@@ -46,10 +46,11 @@ from handformer.nn.feedforward import ACTIVATIONS, FeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
+from handformer.nn.positional import LearnedPositions
 from handformer.nn.quantized import Int8Linear
 
 __all__ = ["StackHold", "block_step_status", "checks_held", "disabled", "stack_step",
-           "step"]
+           "step", "token_step"]
 
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # int8_kernel.c's ISA_* values
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -68,6 +69,12 @@ class _Block(ctypes.Structure):
                 ("fc_out", _Linear)]
 
 
+class _Ends(ctypes.Structure):
+    _fields_ = [("token", _P), ("n_tokens", _I64), ("positions", _P), ("n_positions", _I64),
+                ("norm_type", ctypes.c_int32), ("eps", ctypes.c_float), ("norm_w", _P),
+                ("norm_b", _P), ("head", _Linear)]
+
+
 def _bind(lib: ctypes.CDLL) -> None:
     lib.hf_decode_block.restype = ctypes.c_int
     lib.hf_decode_block.argtypes = [ctypes.c_int, ctypes.POINTER(_Block), _P, _P, _I64, _I64,
@@ -75,6 +82,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.hf_decode_stack.restype = ctypes.c_int
     lib.hf_decode_stack.argtypes = [ctypes.c_int, _I64, ctypes.POINTER(ctypes.POINTER(_Block)),
                                     ctypes.POINTER(_P), ctypes.POINTER(_I64), _I64, _P, _P, _P]
+    lib.hf_decode_token.restype = ctypes.c_int
+    lib.hf_decode_token.argtypes = [ctypes.c_int, _I64, ctypes.POINTER(ctypes.POINTER(_Block)),
+                                    ctypes.POINTER(_P), ctypes.POINTER(_I64), _I64, _P, _I64,
+                                    ctypes.POINTER(_Ends), _P, _P]
 
 
 _LIB = NativeLibrary("decode_block.c", "hf_block_best_isa", _ATEN_CAP, _bind,
@@ -213,18 +224,24 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
     return _Binding(c_block, tensors)
 
 
-def _serves(x: Tensor) -> bool:
-    """What every block of a call shares: the kernel is on, and x is one float32 token on
-    the CPU, with nothing recording or differentiating the call."""
+def _kernel_on() -> bool:
+    """The kernel is on, with nothing recording or differentiating the call."""
     return not (getattr(_OFF, "depth", 0) or torch.is_grad_enabled()
-                or x.dtype != torch.float32 or not x.is_cpu or not x.is_contiguous()
                 or torch.compiler.is_compiling() or torch.jit.is_tracing()
                 or _hooked_globally())
 
 
-def _bound_block(block: nn.Module, x: Tensor, cache: object, start: int) -> _Block | None:
-    """The block's C struct where the kernel serves this block and cache for column
-    ``start``, else None (rebinding first where the block's tensors changed)."""
+def _serves(x: Tensor) -> bool:
+    """What every block of a call shares: the kernel is on, and x is one float32 token on
+    the CPU."""
+    return (x.dtype == torch.float32 and x.is_cpu and x.is_contiguous()
+            and _kernel_on())
+
+
+def _bound_block(block: nn.Module, width: int, cache: object, start: int) -> _Block | None:
+    """The block's C struct where the kernel serves this block, an input of ``width`` and
+    this cache for column ``start``, else None (rebinding first where the block's tensors
+    changed)."""
     if type(cache) is not KVCache or cache.row_spans is not None:
         return None
     parts = _parts(block)
@@ -241,7 +258,7 @@ def _bound_block(block: nn.Module, x: Tensor, cache: object, start: int) -> _Blo
     c_block = binding.block
     if (c_block is None or parts[0].attention == "manual" or kv.shape[0] != 1
             or kv.shape[1] != 2 * c_block.n_kv_heads or kv.shape[3] != c_block.head_dim
-            or x.shape[2] != c_block.d_model):
+            or width != c_block.d_model):
         return None  # attention's kind is read per call: forced_attention_kind switches it
     return c_block
 
@@ -257,7 +274,7 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
     the module docstring): the caller then runs the modules."""
     if not _serves(x):
         return None
-    c_block = _bound_block(block, x, cache, start)
+    c_block = _bound_block(block, x.shape[2], cache, start)
     lib = None if c_block is None else _LIB.lib()
     if c_block is None or lib is None:
         return None
@@ -307,7 +324,7 @@ class StackHold:
     call checks everything again (call it whenever code other than the loop's own ran)."""
 
     def __init__(self) -> None:
-        self.stacks: dict[tuple[int, int], _Stack] = {}
+        self.stacks: dict[tuple[int, int], _Stack | _Token] = {}
 
     def forget(self) -> None:
         self.stacks.clear()
@@ -338,28 +355,34 @@ def checks_held() -> Iterator[StackHold]:
         hold.forget()
 
 
-def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
-               start: int) -> Tensor | None:
-    """Every block's decoding step in turn, as one C call: x (1, 1, C) → (1, 1, C), block
-    i's keys and values written at column ``start`` of ``caches[i]``. None unless the kernel
-    serves every block, no block is in training mode and nothing hooks a block itself (whose
-    hooks a C call would skip): the caller then calls the blocks one by one, each of which
-    may still take ``step``. Inside ``checks_held`` a stack served once is not checked again."""
+def _held(key: tuple[int, int]) -> object | None:
+    """What this thread's innermost hold keeps under ``key``, unless ``disabled()``."""
     holds = getattr(_HOLDS, "open", None)
-    hold = holds[-1] if holds else None
-    if hold is not None and not getattr(_OFF, "depth", 0):
-        held = hold.stacks.get((id(blocks), id(caches)))
-        if held is not None and held.blocks is blocks and held.caches is caches \
-                and 0 <= start < held.capacity:
-            return held.run(x, start)
-    if not blocks or len(blocks) != len(caches) or not _serves(x):
+    if not holds or getattr(_OFF, "depth", 0):
+        return None
+    return holds[-1].stacks.get(key)
+
+
+def _hold(key: tuple[int, int], kept: _Stack | _Token) -> None:
+    """Keep ``kept`` in this thread's innermost hold, if one is open."""
+    holds = getattr(_HOLDS, "open", None)
+    if holds:
+        kept.keep_memory()
+        holds[-1].stacks[key] = kept
+
+
+def _build_stack(blocks: Sequence[nn.Module], width: int, caches: Sequence[object],
+                 start: int) -> _Stack | None:
+    """The stack's C arguments where the kernel serves every block and cache (see
+    ``stack_step``), else None."""
+    if not blocks or len(blocks) != len(caches):
         return None
     n = len(blocks)
     structs = (ctypes.POINTER(_Block) * n)()
     kvs, caps = (_P * n)(), (_I64 * n)()
     for i, (block, cache) in enumerate(zip(blocks, caches, strict=True)):
         own = block.training or _watched(block)  # its own forward: dropout, hooks
-        c_block = None if own else _bound_block(block, x, cache, start)
+        c_block = None if own else _bound_block(block, width, cache, start)
         if c_block is None:
             return None
         kv = cache.kv  # type: ignore[attr-defined]
@@ -367,8 +390,128 @@ def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
     lib = _LIB.lib()
     if lib is None:
         return None
-    stack = _Stack(lib, blocks, caches, structs, kvs, caps, x.shape[2])
-    if hold is not None:
-        stack.keep_memory()
-        hold.stacks[(id(blocks), id(caches))] = stack
+    return _Stack(lib, blocks, caches, structs, kvs, caps, width)
+
+
+def stack_step(blocks: Sequence[nn.Module], x: Tensor, caches: Sequence[object],
+               start: int) -> Tensor | None:
+    """Every block's decoding step in turn, as one C call: x (1, 1, C) → (1, 1, C), block
+    i's keys and values written at column ``start`` of ``caches[i]``. None unless the kernel
+    serves every block, no block is in training mode and nothing hooks a block itself (whose
+    hooks a C call would skip): the caller then calls the blocks one by one, each of which
+    may still take ``step``. Inside ``checks_held`` a stack served once is not checked again."""
+    key = (id(blocks), id(caches))
+    held = _held(key)
+    if (type(held) is _Stack and held.blocks is blocks and held.caches is caches
+            and 0 <= start < held.capacity):
+        return held.run(x, start)
+    stack = _build_stack(blocks, x.shape[2], caches, start) if _serves(x) else None
+    if stack is None:
+        return None
+    _hold(key, stack)
     return stack.run(x, start)
+
+
+class _Token:
+    """A served model's whole token (``token_step``): its stack's C arguments and its ends'
+    (the embedding's tables, the final norm, the head)."""
+
+    __slots__ = ("ends", "model", "read", "stack", "tensors", "vocab", "work")
+
+    def __init__(self, model: nn.Module, stack: _Stack, ends: _Ends,
+                 tensors: tuple[Tensor, ...], vocab: int, width: int) -> None:
+        self.model, self.stack, self.ends = model, stack, ends
+        self.tensors = tensors  # the ends' tensors, read by the C call
+        self.vocab = vocab
+        self.read: list[torch.UntypedStorage] = []
+        self.work = torch.empty(5 * width)  # see hf_decode_token
+
+    def keep_memory(self) -> None:
+        """As ``_Stack.keep_memory``, for the stack's tensors and the ends'."""
+        self.stack.keep_memory()
+        self.read = [t.untyped_storage() for t in self.tensors]
+
+    def run(self, ids: Tensor, start: int) -> Tensor | None:
+        """Logits (1, 1, V) for the token ``ids`` (1, 1) at column and position ``start``;
+        None where the id or the position lies outside its table (nothing was written)."""
+        s = self.stack
+        logits = torch.empty(1, 1, self.vocab)
+        code = s.lib.hf_decode_token(_LIB.default, len(s.blocks), s.structs, s.kvs, s.caps,
+                                     start, ids.data_ptr(), start, ctypes.byref(self.ends),
+                                     self.work.data_ptr(), logits.data_ptr())
+        if code == -1:
+            raise _no_scratch(start)
+        return logits if code == 0 else None
+
+
+def _ends(model: nn.Module) -> tuple[_Ends, tuple[Tensor, ...], int, int] | None:
+    """The C struct of ``model``'s embedding, final norm and head, the tensors it points
+    into, the vocabulary and the width; None unless the embedding is the plain kind (token
+    table, learned positions or none, nothing else, no dropout), the final norm one the
+    blocks' kernel knows, the head an int8 product the C loop serves, the logits not
+    soft-capped, and nothing watches any of them."""
+    from handformer.models.embedding import TokenEmbedding  # models import this module
+
+    mods = model._modules
+    embed, final, head = mods.get("embed"), mods.get("final_norm"), mods.get("lm_head")
+    config = getattr(model, "config", None)
+    if (not isinstance(embed, TokenEmbedding) or not isinstance(head, Int8Linear)
+            or final is None or config is None or getattr(config, "logit_softcap", 1.0) != 0.0
+            or embed.scale != 1.0 or embed.token_type is not None or embed.norm is not None
+            or embed.training or head.kernel not in ("auto", "native")):
+        return None
+    positions = embed.positions
+    table = None
+    if positions is not None:
+        if not isinstance(positions, LearnedPositions):
+            return None
+        table = positions.table
+    watched = [embed, embed.token, embed.dropout, final, head,
+               *([] if positions is None else [positions, table])]
+    norm = _norm_tensors(final)
+    if any(_watched(m) for m in watched) or norm is None:
+        return None
+    token = embed.token.weight  # (V_in, C)
+    width = token.shape[1]
+    pos = None if table is None else table.weight  # (P, C)
+    tensors = tuple(t for t in (token, pos, norm[2], norm[3], head.qweight, head.scale,
+                                head.bias) if t is not None)
+    if (not all(t.is_cpu and t.dtype in (torch.float32, torch.int8) and t.is_contiguous()
+                for t in tensors)
+            or token.dtype != torch.float32 or (pos is not None and pos.shape[1] != width)
+            or norm[2].shape != (width,) or head.in_features != width):
+        return None
+    ends = _Ends(token.data_ptr(), token.shape[0],
+                 None if pos is None else pos.data_ptr(), 0 if pos is None else pos.shape[0],
+                 norm[0], norm[1], norm[2].data_ptr(),
+                 None if norm[3] is None else norm[3].data_ptr(), _linear(head))
+    return ends, tensors, head.out_features, width
+
+
+def token_step(model: nn.Module, ids: Tensor, caches: Sequence[object],
+               start: int) -> Tensor | None:
+    """A whole decoding token of ``model`` (a ``DecoderLM``) as one C call: the embedding of
+    ``ids`` (1, 1) int64 at position ``start``, every block (keys and values written at
+    column ``start`` of ``caches[i]``), the final norm and the head → logits (1, 1, V). For
+    one real token of one request whose cache holds no padding (its position is then its
+    column). None wherever ``stack_step`` would decline the blocks, or ``_ends`` the rest,
+    or the id or the position lies outside its table (nothing is written then): the caller
+    runs the modules. Inside ``checks_held`` a model served once is not checked again."""
+    if ids.dtype != torch.int64 or ids.shape != (1, 1) or not ids.is_cpu:
+        return None
+    key = (id(model), id(caches))
+    held = _held(key)
+    if (type(held) is _Token and held.model is model and held.stack.caches is caches
+            and 0 <= start < held.stack.capacity):
+        return held.run(ids, start)
+    if model.training or not _kernel_on():
+        return None
+    ends = _ends(model)
+    blocks = model._modules.get("blocks")
+    stack = None if ends is None or not isinstance(blocks, nn.ModuleList) else _build_stack(
+        blocks, ends[3], caches, start)
+    if ends is None or stack is None:
+        return None
+    token = _Token(model, stack, ends[0], ends[1], ends[2], ends[3])
+    _hold(key, token)
+    return token.run(ids, start)
