@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from handformer.config import ModelConfig
 from handformer.masks import check_padding_mask
 from handformer.nn.dropout import apply_dropout
-from handformer.nn.positional import build_positional
+from handformer.nn.positional import LearnedPositions, build_positional
 
 __all__ = ["TokenEmbedding", "check_ids", "positions_from_padding"]
 
@@ -106,6 +106,21 @@ class TokenEmbedding(nn.Module):
         self.norm = (nn.LayerNorm(c.d_model, eps=c.layer_norm_eps, bias=c.bias)
                      if c.embedding_norm else None)
         self.dropout = nn.Dropout(c.dropout)
+
+    def table_rows(self) -> tuple[Tensor, Tensor | None] | None:
+        """(the token table (V, C), the position table (P, C) or None) where this embedding
+        is only a token's row plus its position's row — learned positions or none, no scale,
+        no token types, no norm, not training — else None: what a kernel that looks the rows
+        up itself (``nn.decode_block.token_step``) must know to compute ``forward``."""
+        table = None
+        if self.positions is not None:
+            if not isinstance(self.positions, LearnedPositions):
+                return None
+            table = self.positions.table.weight
+        if (self.scale != 1.0 or self.token_type is not None or self.norm is not None
+                or self.training):
+            return None
+        return self.token.weight, table
 
     def forward(self, ids: Tensor, padding_mask: Tensor | None = None,
                 token_types: Tensor | None = None,

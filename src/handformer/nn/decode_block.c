@@ -23,6 +23,9 @@
  *
  * Layout: x and y (C) float32; the cache kv (2·Hkv, L, D) contiguous, keys in heads
  * [0, Hkv), values in [Hkv, 2·Hkv), L = capacity ≥ t + 1.
+ *
+ * hf_decode_stack runs a stack of blocks in one call; hf_decode_token a whole token of a
+ * model: its embedding rows, the stack, the final norm and the head.
  */
 /* The two loops' files share ISA_* names with different numbers: the attention's are renamed. */
 #define ISA_SCALAR ATTN_ISA_SCALAR

@@ -20,7 +20,12 @@ switches it) — and whenever something watches the block's modules (a forward h
 ``stack_step`` runs a whole stack of such blocks as one C call (``Trunk.run_blocks`` asks it
 first), so that no Python runs between blocks while their weights stream through the caches;
 it declines unless every block is served, in eval mode, and unhooked itself (the blocks are
-then called one by one, each asking ``step``). Every call checks all of that again, which
+then called one by one, each asking ``step``). ``token_step`` runs a whole token of a
+``DecoderLM`` as one C call — the embedding's rows, the stack, the final norm and the head —
+so that the Python around the stack, which ran cold after the weights' stream too, is not
+run at all (``DecoderLM.forward`` asks it first for one real token of one request; it
+declines to the stack where the model's ends are not ones it knows or are watched). Every
+call checks all of that again, which
 touches every module and tensor of every block — cold, since the weights' stream has just
 pushed them out of the caches — unless the caller's loop holds the checks
 (``checks_held``: ``generate`` does, and lets go after each ``on_token``). ``disabled()``
@@ -46,7 +51,6 @@ from handformer.nn.feedforward import ACTIVATIONS, FeedForward
 from handformer.nn.kv_cache import KVCache
 from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
-from handformer.nn.positional import LearnedPositions
 from handformer.nn.quantized import Int8Linear
 
 __all__ = ["StackHold", "block_step_status", "checks_held", "disabled", "stack_step",
@@ -446,34 +450,25 @@ class _Token:
 
 def _ends(model: nn.Module) -> tuple[_Ends, tuple[Tensor, ...], int, int] | None:
     """The C struct of ``model``'s embedding, final norm and head, the tensors it points
-    into, the vocabulary and the width; None unless the embedding is the plain kind (token
-    table, learned positions or none, nothing else, no dropout), the final norm one the
-    blocks' kernel knows, the head an int8 product the C loop serves, the logits not
-    soft-capped, and nothing watches any of them."""
-    from handformer.models.embedding import TokenEmbedding  # models import this module
-
+    into, the vocabulary and the width; None unless the embedding is a plain sum of table
+    rows (it says so: ``table_rows``), the final norm one the blocks' kernel knows, the head
+    an int8 product the C loop serves, the logits not soft-capped, and nothing watches any
+    of them."""
     mods = model._modules
     embed, final, head = mods.get("embed"), mods.get("final_norm"), mods.get("lm_head")
     config = getattr(model, "config", None)
-    if (not isinstance(embed, TokenEmbedding) or not isinstance(head, Int8Linear)
+    table_rows = getattr(embed, "table_rows", None)
+    if (embed is None or table_rows is None or not isinstance(head, Int8Linear)
             or final is None or config is None or getattr(config, "logit_softcap", 1.0) != 0.0
-            or embed.scale != 1.0 or embed.token_type is not None or embed.norm is not None
-            or embed.training or head.kernel not in ("auto", "native")):
+            or head.kernel not in ("auto", "native")):
         return None
-    positions = embed.positions
-    table = None
-    if positions is not None:
-        if not isinstance(positions, LearnedPositions):
-            return None
-        table = positions.table
-    watched = [embed, embed.token, embed.dropout, final, head,
-               *([] if positions is None else [positions, table])]
+    rows = table_rows()
     norm = _norm_tensors(final)
-    if any(_watched(m) for m in watched) or norm is None:
+    if (rows is None or norm is None
+            or any(_watched(m) for m in (*embed.modules(), final, head))):
         return None
-    token = embed.token.weight  # (V_in, C)
+    token, pos = rows  # (V_in, C), (P, C) or None
     width = token.shape[1]
-    pos = None if table is None else table.weight  # (P, C)
     tensors = tuple(t for t in (token, pos, norm[2], norm[3], head.qweight, head.scale,
                                 head.bias) if t is not None)
     if (not all(t.is_cpu and t.dtype in (torch.float32, torch.int8) and t.is_contiguous()
