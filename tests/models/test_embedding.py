@@ -56,3 +56,29 @@ def test_the_converted_additive_mask_gives_the_boolean_masks_logits() -> None:
     model = DecoderLM(tiny_config()).eval()
     with torch.no_grad():
         assert torch.equal(model(IDS, from_additive_mask(ADDITIVE)), model(IDS, REAL))
+
+
+def test_table_rows_are_given_only_where_the_embedding_is_a_sum_of_two_rows() -> None:
+    """What ``nn.decode_block.token_step`` computes from them must be ``forward``: a token's
+    row plus its position's row — so every other kind of embedding says None."""
+    from handformer.config import ModelConfig
+    from handformer.models.embedding import TokenEmbedding
+
+    def embedding(**overrides: object) -> TokenEmbedding:
+        fields: dict[str, object] = dict(vocab_size=11, d_model=8, n_heads=2, n_layers=1,
+                                         max_len=6, positional="learned")
+        fields.update(overrides)
+        return TokenEmbedding(ModelConfig(**fields)).eval()  # type: ignore[arg-type]
+
+    learned = embedding()
+    rows = learned.table_rows()
+    assert rows is not None and rows[0] is learned.token.weight
+    assert rows[1] is not None and rows[1].shape == (6, 8)
+    ids = torch.tensor([[3, 7]])
+    assert torch.equal(learned(ids)[0], (rows[0][ids[0]] + rows[1][:2])[None])
+    rope = embedding(positional="rope").table_rows()
+    assert rope is not None and rope[1] is None  # attention rotates: only the token's row
+    for overrides in (dict(positional="sinusoidal"), dict(type_vocab_size=2),
+                      dict(embedding_norm=True)):
+        assert embedding(**overrides).table_rows() is None, overrides
+    assert learned.train().table_rows() is None
