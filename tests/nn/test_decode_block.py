@@ -425,8 +425,10 @@ def test_a_held_stack_checks_again_after_forget_or_past_its_capacity() -> None:
     assert seen == [1]
 
 
-def test_generate_checks_the_stack_again_after_on_token() -> None:
-    """``on_token`` is the caller's code: a hook it adds is seen by every later step."""
+@pytest.mark.parametrize("watched", ["blocks.1.ffn.fc_in", "lm_head"])
+def test_generate_checks_again_after_on_token(watched: str) -> None:
+    """``on_token`` is the caller's code: a hook it adds — on a block's module (the stack's
+    checks) or on the head (the token's) — is seen by every later step."""
     from handformer.generate import generate
 
     model = _model()
@@ -436,7 +438,7 @@ def test_generate_checks_the_stack_again_after_on_token() -> None:
     def on_token(ids: Tensor) -> None:
         calls.append(int(ids[0]))
         if len(calls) == 2:  # after one held one-token step
-            model.blocks[1].ffn.fc_in.register_forward_hook(lambda *_: seen.append(1))
+            model.get_submodule(watched).register_forward_hook(lambda *_: seen.append(1))
 
     generate(model, torch.tensor([[1, 2, 3]]), 6, temperature=0.0, on_token=on_token)
     assert len(calls) == 6 and len(seen) == 4  # tokens 3 to 6: one step each
@@ -568,22 +570,6 @@ def test_a_held_token_is_checked_once_and_holds_the_memory_it_reads(
     assert len(pointers) == 6  # the head has no bias
     assert all(any(lo <= p < hi for lo, hi in spans) for p in pointers)
     assert token.stack.read  # and the stack's own
-
-
-def test_generate_sees_a_hook_on_the_head_that_on_token_adds() -> None:
-    from handformer.generate import generate
-
-    model = _model()
-    seen: list[int] = []
-    calls: list[int] = []
-
-    def on_token(ids: Tensor) -> None:
-        calls.append(int(ids[0]))
-        if len(calls) == 2:  # after one held token
-            model.lm_head.register_forward_hook(lambda *_: seen.append(1))
-
-    generate(model, torch.tensor([[1, 2, 3]]), 6, temperature=0.0, on_token=on_token)
-    assert len(calls) == 6 and len(seen) == 4
 
 
 def test_greedy_tokens_past_the_window_are_the_modules_tokens() -> None:
