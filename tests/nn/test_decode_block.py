@@ -183,14 +183,19 @@ def test_every_path_gives_the_same_bits(activation: str,
         assert torch.equal(logits, first[0]) and torch.equal(kv, first[1]), name
 
 
-def test_greedy_tokens_are_the_modules_tokens() -> None:
+@pytest.mark.parametrize(("overrides", "new"), [(dict(n_layers=3), 40),
+                                                 (dict(max_len=12), 30)],
+                         ids=["within the window", "past the window"])
+def test_greedy_tokens_are_the_modules_tokens(overrides: dict[str, object], new: int) -> None:
+    """Past ``max_len`` generate slides the window and refills the cache: positions restart
+    with it, and the token call's position (its column) must follow."""
     from handformer.generate import generate
 
-    model = _model(n_layers=3)
+    model = _model(**overrides)
     prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(3))
-    fused = generate(model, prompt, 40, temperature=0.0)
+    fused = generate(model, prompt, new, temperature=0.0)
     with decode_block.disabled():
-        ref = generate(model, prompt, 40, temperature=0.0)
+        ref = generate(model, prompt, new, temperature=0.0)
     assert torch.equal(fused, ref)
 
 
@@ -535,14 +540,16 @@ def test_an_id_outside_the_table_is_the_modules_error_and_int32_ids_run_the_stac
         monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model()
     spy = _Spy(monkeypatch)
+
+    def prefilled() -> object:
+        cache = model.make_cache(1, 8)
+        model(torch.randint(0, 61, (1, 3)), cache=cache)
+        return cache
+
     with torch.inference_mode():
-        cache = model.make_cache(1, 8)
-        model(torch.randint(0, 61, (1, 3)), cache=cache)
         with pytest.raises(IndexError):  # unchecked: the embedding's own error, nothing read
-            model(torch.tensor([[61]]), cache=cache, validate=False)
-        cache = model.make_cache(1, 8)
-        model(torch.randint(0, 61, (1, 3)), cache=cache)
-        logits = model(torch.tensor([[5]], dtype=torch.int32), cache=cache)
+            model(torch.tensor([[61]]), cache=prefilled(), validate=False)
+        logits = model(torch.tensor([[5]], dtype=torch.int32), cache=prefilled())
     assert spy.tokens == 0 and spy.stacks == 1 and logits.shape == (1, 1, 61)
 
 
@@ -570,16 +577,3 @@ def test_a_held_token_is_checked_once_and_holds_the_memory_it_reads(
     assert len(pointers) == 6  # the head has no bias
     assert all(any(lo <= p < hi for lo, hi in spans) for p in pointers)
     assert token.stack.read  # and the stack's own
-
-
-def test_greedy_tokens_past_the_window_are_the_modules_tokens() -> None:
-    """Past ``max_len`` generate slides the window and refills the cache: positions restart
-    with it, and the token call's position (its column) must follow."""
-    from handformer.generate import generate
-
-    model = _model(max_len=12)
-    prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(4))
-    fused = generate(model, prompt, 30, temperature=0.0)
-    with decode_block.disabled():
-        ref = generate(model, prompt, 30, temperature=0.0)
-    assert torch.equal(fused, ref)
