@@ -577,3 +577,21 @@ def test_a_held_token_is_checked_once_and_holds_the_memory_it_reads(
     assert len(pointers) == 6  # the head has no bias
     assert all(any(lo <= p < hi for lo, hi in spans) for p in pointers)
     assert token.stack.read  # and the stack's own
+
+
+def test_a_nan_in_the_token_table_is_named_by_generate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged embedding row read by the token call gives NaN logits, which ``generate``
+    refuses by name — not a crash in C, not a token sampled from NaN."""
+    from handformer.generate import generate
+    from handformer.generate.plain import NonFiniteLogitsError
+
+    model = _model()
+    model.lm_head.bias = torch.nn.Parameter(torch.zeros(61))
+    with torch.no_grad():
+        model.embed.token.weight[7] = float("nan")
+        model.lm_head.bias[7] = 1e4  # greedy decoding picks id 7; the prompt avoids it
+    spy = _Spy(monkeypatch)
+    with pytest.raises(NonFiniteLogitsError, match="generated token 2"):
+        generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0.0)
+    assert spy.tokens == 1  # the NaN row went through the token call
