@@ -190,6 +190,13 @@ def _parts_key(parts: tuple[nn.Module, ...]) -> tuple[tuple[int, int], ...]:
                   for t in d.values() if t is not None])
 
 
+def _readable(tensors: tuple[Tensor, ...]) -> bool:
+    """Whether the C loops can read every tensor as it lies: on the CPU, float32 (or the
+    products' int8), contiguous."""
+    return all(t.is_cpu and t.dtype in (torch.float32, torch.int8) and t.is_contiguous()
+               for t in tensors)
+
+
 def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
                 tensors: tuple[Tensor, ...]) -> _Binding:
     attn, in_proj, out_proj, norm1, ffn, fc_in, fc_out, norm2 = parts
@@ -202,8 +209,7 @@ def _bind_block(block: nn.Module, parts: tuple[nn.Module, ...],
           and ffn.activation in ACTIVATIONS
           and all(isinstance(m, Int8Linear) and m.kernel in ("auto", "native")
                   for m in linears)
-          and all(t.is_cpu and t.dtype in (torch.float32, torch.int8) and t.is_contiguous()
-                  for t in tensors))
+          and _readable(tensors))
     if not ok or n1 is None or n2 is None:
         return _Binding(None, tensors)
     d = attn.head_dim
@@ -471,9 +477,8 @@ def _ends(model: nn.Module) -> tuple[_Ends, tuple[Tensor, ...], int, int] | None
     width = token.shape[1]
     tensors = tuple(t for t in (token, pos, norm[2], norm[3], head.qweight, head.scale,
                                 head.bias) if t is not None)
-    if (not all(t.is_cpu and t.dtype in (torch.float32, torch.int8) and t.is_contiguous()
-                for t in tensors)
-            or token.dtype != torch.float32 or (pos is not None and pos.shape[1] != width)
+    if (not _readable(tensors) or token.dtype != torch.float32
+            or (pos is not None and pos.shape[1] != width)
             or norm[2].shape != (width,) or head.in_features != width):
         return None
     ends = _Ends(token.data_ptr(), token.shape[0],
