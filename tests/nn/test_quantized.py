@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handformer.nn.int8_native import NativeProduct, native_status
+from handformer.nn.int8_native import NativeProduct, native_isa, native_status
 from handformer.nn.quantized import (
     INT8_MAX,
     Int8Linear,
@@ -141,8 +141,8 @@ def test_a_rows_result_does_not_depend_on_how_many_rows_share_the_call() -> None
 
 def test_auto_fuses_a_few_rows_and_dequantizes_many(monkeypatch: pytest.MonkeyPatch) -> None:
     """auto: up to FUSED_MAX_ROWS rows (one position or several) take a few-row kernel — the
-    C loop for float32 where it is built, else the fused one — while rows × K stays within
-    FUSED_MAX_ELEMENTS; more rows, or wide rows, dequantize."""
+    C loop for float32 where it is built, else the fused one; more rows dequantize, and so
+    do wide rows (rows × K past FUSED_MAX_ELEMENTS) unless a vector C loop serves them."""
     from handformer.nn import quantized
 
     few_rows: list[tuple[str, int]] = []
@@ -166,10 +166,11 @@ def test_auto_fuses_a_few_rows_and_dequantizes_many(monkeypatch: pytest.MonkeyPa
         narrow(torch.randn(1, 9, 16))  # a verify step of K = 8: a few-row kernel
         narrow(torch.randn(2, quantized.FUSED_MAX_ROWS, 16))  # 32 rows: dequantized
         wide(torch.randn(3, k_wide))  # 3 rows within the bound: a few-row kernel
-        wide(torch.randn(4, k_wide))  # 4 rows past it: dequantized
+        wide(torch.randn(4, k_wide))  # 4 rows past it: a vector C loop, else dequantized
         narrow.to(torch.bfloat16)(torch.randn(1, 16, dtype=torch.bfloat16))  # bf16: fused
     first = "native" if native_status() is None else "fused"
-    assert few_rows == [(first, 1), (first, 9), (first, 3), ("fused", 1)]
+    wide_rows = [("native", 4)] if native_status() is None and native_isa() != "scalar" else []
+    assert few_rows == [(first, 1), (first, 9), (first, 3), *wide_rows, ("fused", 1)]
 
 
 def test_autograd_reaches_the_input_and_bias_through_the_dequantized_path() -> None:

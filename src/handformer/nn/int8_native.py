@@ -114,6 +114,11 @@ class NativeProduct:
         self._pointers = (q.data_ptr(), scale.data_ptr(),
                           None if bias is None else bias.data_ptr())
 
+    @property
+    def vectorized(self) -> bool:
+        """Whether it runs a vector path (AVX2 or AVX-512), not the plain C loop."""
+        return self._level != ISA_NAMES.index("scalar")
+
     def matches(self, q: Tensor, scale: Tensor, bias: Tensor | None) -> bool:
         """Whether these are the tensors bound here, still at the same addresses."""
         bq, bs, bb = self._tensors

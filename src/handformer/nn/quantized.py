@@ -267,12 +267,12 @@ class Int8Linear(nn.Module):
     attention's slices) still works. Build one with ``Int8Linear.from_linear(linear)``.
 
     ``kernel``: ``"auto"`` (for up to ``FUSED_MAX_ROWS`` rows of input — a decoding step of B
-    rows, the K + 1 positions a speculative step verifies, a short prompt — while rows × K
-    stays within ``FUSED_MAX_ELEMENTS``: the native loop for float32 rows on the CPU, the
-    fused one otherwise; dequantized for more), ``"native"``, ``"fused"`` or
-    ``"dequantized"`` (always that one where it can run; for tests and benchmarks). The fused
-    kernel is compiled once per row count a layer shape meets; the native one once per
-    machine (cached on disk).
+    rows, the K + 1 positions a speculative step verifies, a short prompt: the native loop
+    for float32 rows on the CPU, the fused one otherwise, the latter and the plain-C native
+    loop only while rows × K stays within ``FUSED_MAX_ELEMENTS``; dequantized for more),
+    ``"native"``, ``"fused"`` or ``"dequantized"`` (always that one where it can run; for
+    tests and benchmarks). The fused kernel is compiled once per row count a layer shape
+    meets; the native one once per machine (cached on disk).
     Whatever autograd must differentiate (training, ``x.requires_grad``) is dequantized.
     ``ValueError`` for an input whose last dim is not K.
     """
@@ -330,7 +330,7 @@ class Int8Linear(nn.Module):
                 return False  # the compiled graph has no backward: autograd goes the other way
         if self.kernel != "auto":
             return self.kernel in ("native", "fused") and rows > 0
-        return 0 < rows <= FUSED_MAX_ROWS and rows * self.in_features <= FUSED_MAX_ELEMENTS
+        return 0 < rows <= FUSED_MAX_ROWS
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) → (..., N)."""
@@ -339,10 +339,14 @@ class Int8Linear(nn.Module):
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
         rows = x.numel() // k if k else 0
         if self._use_fused(x, rows):
+            # Rows × K past FUSED_MAX_ELEMENTS outgrow the fast caches of the fused and the
+            # plain C loops; the vector C loops' tiles keep no running sums there and serve.
+            wide = self.kernel == "auto" and rows * k > FUSED_MAX_ELEMENTS
             product = self._native_product(x)
-            if product is not None:  # the C loop, bound to this layer: all rows in one call
+            if product is not None and not (wide and not product.vectorized):
+                # the C loop, bound to this layer: all rows in one call
                 return product(x if x.is_contiguous() else x.contiguous())  # (..., N)
-            out = self._fused_forward(x, rows)
+            out = None if wide else self._fused_forward(x, rows)
             if out is not None:  # None: it cannot compile here (warned once)
                 return out
         out = _dequantized(x, self.qweight, self.scale)  # (..., N)
