@@ -49,6 +49,24 @@ def test_quantize_at_load_and_a_converted_int8_run_generate_alike(
     assert code == 0 and again == on_the_fly, err
 
 
+def test_generate_prints_each_piece_and_checks_the_int8_kernel_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``handformer generate`` streams by printing, which leaves the model alone: it says so
+    (``stream_keeps_model``), so the token kernel is checked once, not at every token."""
+    from handformer.nn import decode_block
+
+    checks, tokens = [], []
+    original_ends, original_token = decode_block._ends, decode_block.token_step
+    monkeypatch.setattr(decode_block, "_ends",
+                        lambda m: (checks.append(m), original_ends(m))[1])
+    monkeypatch.setattr(decode_block, "token_step",
+                        lambda *a: (tokens.append(1), original_token(*a))[1])
+    code, out, err = generate(lm_run(tmp_path / "run"), capsys, "--quantize", "int8")
+    assert code == 0 and out.startswith("ab"), err
+    assert len(tokens) >= 2 and len(checks) == 1
+
+
 def test_int8_without_the_cache_compiles_no_kernel_per_length(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Without the KV cache each step feeds the whole prefix, a new row count each time: the

@@ -449,6 +449,33 @@ def test_generate_checks_again_after_on_token(watched: str) -> None:
     assert len(calls) == 6 and len(seen) == 4  # tokens 3 to 6: one step each
 
 
+@pytest.mark.parametrize("keeps", [False, True])
+def test_a_callback_that_keeps_the_model_keeps_the_one_check(
+        monkeypatch: pytest.MonkeyPatch, keeps: bool) -> None:
+    """``on_token_keeps_model=True``: the token is checked once for the whole generation, as
+    without ``on_token``; by default again after every call of the callback. The same tokens
+    either way."""
+    from handformer.generate import generate
+
+    model = _model()
+    checked: list[object] = []
+    original = decode_block._ends
+
+    def counting(m: DecoderLM) -> object:
+        checked.append(m)
+        return original(m)
+
+    monkeypatch.setattr(decode_block, "_ends", counting)
+    prompt = torch.tensor([[1, 2, 3]])
+    alone = generate(model, prompt, 6, temperature=0.0)
+    assert len(checked) == 1  # five one-token steps, checked at the first
+    calls: list[int] = []
+    streamed = generate(model, prompt, 6, temperature=0.0, on_token=calls.append,
+                        on_token_keeps_model=keeps)
+    assert torch.equal(streamed, alone) and len(calls) == 6
+    assert len(checked) == 1 + (1 if keeps else 5)
+
+
 def test_a_held_stack_holds_the_memory_it_reads() -> None:
     """A held stack is not checked again, so the memory its C arguments point into must stay
     alive whatever is done to the modules meanwhile: every pointer lies in a storage the stack

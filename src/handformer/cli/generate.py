@@ -188,7 +188,7 @@ def _generate_all(args: argparse.Namespace, model: Any, tokenizer: Any,
         sys.stdout.flush()
         generate_text(model, tokenizer, prompt, args.max_new_tokens, stop=args.stop,
                       stream=lambda _row, piece: (sys.stdout.write(piece), sys.stdout.flush()),
-                      **sampling)
+                      stream_keeps_model=True, **sampling)
         sys.stdout.write("\n")
         sys.stdout.flush()
 

@@ -293,6 +293,7 @@ def generate(
     seed: int | None = None,
     use_cache: bool = True,
     on_token: TokenCallback | None = None,
+    on_token_keeps_model: bool = False,
 ) -> Tensor:
     """Extend ``ids`` (B, T) by up to ``max_new_tokens`` tokens; returns (B, T + new).
 
@@ -301,7 +302,12 @@ def generate(
     ``temperature=0`` is greedy; default 1.0 samples from the model's distribution, narrowed by
     ``top_k`` / ``top_p`` if given; ``seed`` makes sampling reproducible. Rows that produced
     ``eos_id`` keep emitting it; generation stops when all rows have. ``on_token(next_ids)`` is
-    called after every step; returning True stops generation (streaming, stop strings).
+    called after every step; returning True stops generation (streaming, stop strings). It
+    may change the model between tokens (add a hook, load weights): the int8 block kernel
+    (``nn.decode_block``) then checks the whole model again after every call, which costs
+    a visible share of a token. ``on_token_keeps_model=True`` promises that it leaves the
+    model, its tensors and hooks as they are (printing, stop strings), so the one check made
+    on the first token holds for the whole generation, as it does without ``on_token``.
     ``use_cache=False`` recomputes the context every step (same tokens, slower). Runs under
     ``torch.inference_mode()``; the ids it returns are an ordinary tensor, usable in training
     afterwards. Raises ``ValueError`` for an empty or non-(B, T) prompt, a mask that is not
@@ -377,7 +383,8 @@ def generate(
                 stop = None
                 if on_token is not None:
                     stop = on_token(nxt)
-                    hold.forget()
+                    if not on_token_keeps_model:
+                        hold.forget()
                 if stop or (eos_id is not None and bool(finished.all())):
                     break
     finally:

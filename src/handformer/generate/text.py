@@ -34,6 +34,7 @@ def generate_text(
     *,
     stop: Sequence[str] = (),
     stream: Callable[[int, str], None] | None = None,
+    stream_keeps_model: bool = False,
     draft: nn.Module | None = None,
     speculate: int = 4,
     stats: SpeculationStats | None = None,
@@ -43,9 +44,13 @@ def generate_text(
 
     Returns each prompt's continuation, cut before the first stop string (which is never
     streamed, not even in part). ``stream(row, text_piece)`` receives new text as it is
-    produced. Characters the tokenizer does not know become ``<unk>``. With ``draft`` (a
-    model sharing the tokenizer) decoding is speculative, ``speculate`` proposals a step
-    (``speculative_generate``), and ``stats`` if given receives the acceptance figures.
+    produced; ``stream_keeps_model=True`` promises that it leaves the model as it is (it
+    prints; it adds no hook and loads no weights), so that generation keeps the block
+    kernel's one check across tokens (``generate``'s ``on_token_keeps_model``; without
+    ``stream`` it always does). Characters the tokenizer does not know become ``<unk>``.
+    With ``draft`` (a model sharing the tokenizer) decoding is speculative, ``speculate``
+    proposals a step (``speculative_generate``), and ``stats`` if given receives the
+    acceptance figures.
     """
     prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompt_list or any(p == "" for p in prompt_list):
@@ -79,6 +84,7 @@ def generate_text(
 
     if draft is None:
         generate(model, ids, max_new_tokens, padding_mask=mask, on_token=on_token,
+                 on_token_keeps_model=stream is None or stream_keeps_model,
                  eos_id=tokenizer.eos_id, **sampling)
     else:
         if sampling.pop("repetition_penalty", 1.0) != 1.0:
