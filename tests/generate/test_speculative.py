@@ -92,6 +92,41 @@ def test_an_int8_target_speculates_to_its_own_plain_greedy(positional: str) -> N
         assert torch.equal(got, want), f"{positional}, speculate {speculate}"
 
 
+@pytest.mark.parametrize("on_token, keeps", [(False, False), (True, False), (True, True)])
+def test_an_int8_draft_is_checked_once_unless_on_token_may_change_it(
+        monkeypatch: pytest.MonkeyPatch, on_token: bool, keeps: bool) -> None:
+    """The loop holds the int8 token kernel's checks (``nn.decode_block``) as ``generate``'s
+    does: an int8 draft's one-token steps are checked once per generation, and again after
+    each step's ``on_token`` unless it promises to keep the model. Same tokens either way,
+    and they are the target's plain greedy ones."""
+    from handformer.models.quantize import quantize_int8
+    from handformer.nn import decode_block
+
+    target = _target()
+    draft = quantize_int8(_noisy_copy(target, 0.05))
+    ids = torch.randint(0, 37, (1, 5))
+    want = generate(target, ids, 12, temperature=0)
+    checks: list[object] = []
+    original = decode_block._ends
+
+    def counting(model: DecoderLM) -> object:
+        checks.append(model)
+        return original(model)
+
+    monkeypatch.setattr(decode_block, "_ends", counting)
+    stats = SpeculationStats()
+    emitted: list[int] = []
+    got = speculative_generate(target, draft, ids, 12, speculate=3, temperature=0,
+                               stats=stats, on_token_keeps_model=keeps,
+                               on_token=(lambda x: emitted.append(int(x))) if on_token else None)
+    assert torch.equal(got, want) and len(emitted) == (12 if on_token else 0)
+    drafted = [m for m in checks if m is draft]
+    if on_token and not keeps:
+        assert 1 < len(drafted) <= stats.target_calls  # once per step, after its on_token
+    else:
+        assert len(drafted) == 1
+
+
 @pytest.mark.parametrize("n_kv_heads", [2, 1])
 @pytest.mark.parametrize("positional", ["rope", "alibi"])
 def test_greedy_equals_plain_greedy_with_grouped_query_attention(n_kv_heads: int,

@@ -53,6 +53,7 @@ from handformer.generate.plain import (
     slide_window,
     small_op_kernels,
 )
+from handformer.nn import decode_block
 from handformer.nn.kv_cache import DecoderCache
 
 __all__ = ["MAX_SPECULATE", "SpeculationStats", "check_draft", "check_same_tokenizer",
@@ -233,6 +234,7 @@ def speculative_generate(
     eos_id: int | None = None,
     seed: int | None = None,
     on_token: TokenCallback | None = None,
+    on_token_keeps_model: bool = False,
     stats: SpeculationStats | None = None,
 ) -> Tensor:
     """Extend ``ids`` (B, T) by up to ``max_new_tokens`` tokens of ``target``, with
@@ -240,10 +242,12 @@ def speculative_generate(
 
     The arguments mean what they mean for ``generate`` (``padding_mask``: bool (B, T), True
     on real tokens, prompts left-padded; ``temperature=0`` greedy; ``on_token(next_ids)``
-    after every emitted token, True stops). Greedy output equals ``generate(target, ...)``'s
-    token for token; sampled tokens follow the target's distribution (not the same draws as
-    ``generate`` with the same ``seed``). ``stats`` (a ``SpeculationStats``), if given, is
-    filled with the proposals made and kept. Raises ``ValueError`` for what ``generate``
+    after every emitted token, True stops; ``on_token_keeps_model``: it changes neither
+    model, so the int8 token kernel's one check per model holds across steps). Greedy
+    output equals ``generate(target, ...)``'s token for token; sampled tokens follow the
+    target's distribution (not the same draws as ``generate`` with the same ``seed``).
+    ``stats`` (a ``SpeculationStats``), if given, is filled with the proposals made and
+    kept. Raises ``ValueError`` for what ``generate``
     refuses, for ``speculate`` outside [1, ``MAX_SPECULATE``], a draft that does not fit
     the target (``check_draft``) and a ``repetition_penalty`` (not supported: the penalty
     of a position depends on the proposals before it); ``NonFiniteLogitsError`` for NaN or
@@ -276,7 +280,9 @@ def speculative_generate(
     narrow = dict(temperature=temperature, top_k=top_k, top_p=top_p)
     length = prompt_len
     try:
-        with small_op_kernels(param):
+        # The loop owns both models and caches between its own steps, as generate's does:
+        # the block kernel checks each model once, and again after on_token.
+        with small_op_kernels(param), decode_block.checks_held() as hold:
             while length - prompt_len < max_new_tokens:
                 left = max_new_tokens - (length - prompt_len)
                 room = verifier.max_len + verifier.window_start(length) - length
@@ -323,6 +329,8 @@ def speculative_generate(
                     if on_token is not None and on_token(out[:, j]):
                         stop = True
                         break
+                if on_token is not None and not on_token_keeps_model:
+                    hold.forget()
                 if stop or (eos_id is not None and bool(finished.all())):
                     break
     finally:

@@ -95,8 +95,9 @@ def generate_text(
             raise ValueError("speculative decoding needs the KV cache (it verifies the "
                              "proposals with it); drop use_cache=False or the draft")
         speculative_generate(model, draft, ids, max_new_tokens, speculate=speculate,
-                             padding_mask=mask, on_token=on_token, eos_id=tokenizer.eos_id,
-                             stats=stats, **sampling)
+                             padding_mask=mask, on_token=on_token,
+                             on_token_keeps_model=stream is None or stream_keeps_model,
+                             eos_id=tokenizer.eos_id, stats=stats, **sampling)
     for row in range(len(texts)):
         emit(row, len(texts[row]))  # release text held back for a stop that never came
     return texts
