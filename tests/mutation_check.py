@@ -269,6 +269,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "decoding step forgets where it is",
     ),
     Mutant(
+        "generate_keeps_the_checks_after_any_on_token", "generate/plain.py",
+        "                    if not on_token_keeps_model:\n                        hold.forget()",
+        "                    if False:\n                        hold.forget()",
+        ("tests/nn/test_decode_block.py",),
+        "generate trusts every on_token callback to leave the model alone, so a hook or a "
+        "weight it adds between tokens is skipped by the held token kernel",
+    ),
+    Mutant(
+        "speculative_keeps_the_checks_after_any_on_token", "generate/speculative.py",
+        "                if on_token is not None and not on_token_keeps_model:\n"
+        "                    hold.forget()",
+        "                if False:\n                    hold.forget()",
+        ("tests/generate/test_speculative.py",),
+        "speculative decoding trusts every on_token callback to leave both models alone, so "
+        "an int8 draft changed between steps is run as it was first checked",
+    ),
+    Mutant(
         "int8_weights_left_in_small_pages", "models/quantize.py",
         "    _pack_int8_weights(target)\n    return target\n",
         "    return target\n",
