@@ -47,3 +47,26 @@ def tiny_config(**overrides) -> ModelConfig:
     base = dict(vocab_size=37, d_model=32, n_heads=4, n_layers=2, max_len=16, dropout=0.0)
     base.update(overrides)
     return ModelConfig(**base)
+
+
+class TokenKernelSpy:
+    """Spies on the int8 token kernel (``nn.decode_block``): ``checks`` lists each model it
+    checked in full (``_ends``: every unheld call), ``calls`` counts ``token_step`` calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from handformer.nn import decode_block
+
+        self.checks: list[object] = []
+        self.calls = 0
+        ends, token_step = decode_block._ends, decode_block.token_step
+
+        def counting_ends(model: object) -> object:
+            self.checks.append(model)
+            return ends(model)
+
+        def counting_token_step(*args: object) -> object:
+            self.calls += 1
+            return token_step(*args)
+
+        monkeypatch.setattr(decode_block, "_ends", counting_ends)
+        monkeypatch.setattr(decode_block, "token_step", counting_token_step)

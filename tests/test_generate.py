@@ -20,7 +20,7 @@ from handformer.generate import (
 )
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
-from tests.conftest import tiny_config
+from tests.conftest import TokenKernelSpy, tiny_config
 
 POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
 PATHS = ["manual", "sdpa", "tiled"]
@@ -249,23 +249,17 @@ def test_generate_text_keeps_the_kernels_one_check_unless_its_stream_may_change_
     promises ``stream_keeps_model``), and again at every token after a ``stream`` that may
     change the model. The same text either way."""
     from handformer.models.quantize import quantize_int8
-    from handformer.nn import decode_block
 
     tok = CharTokenizer.from_text("abcdefgh")
     model = quantize_int8(DecoderLM(tiny_config(vocab_size=tok.vocab_size, max_len=32)).eval())
     expected = generate_text(model, tok, "ab", 8, temperature=0)[0]
-    checks, tokens = [], []
-    original_ends, original_token = decode_block._ends, decode_block.token_step
-    monkeypatch.setattr(decode_block, "_ends",
-                        lambda m: (checks.append(m), original_ends(m))[1])
-    monkeypatch.setattr(decode_block, "token_step",
-                        lambda *a: (tokens.append(1), original_token(*a))[1])
+    spy = TokenKernelSpy(monkeypatch)
     pieces: list[str] = []
     out = generate_text(model, tok, "ab", 8, temperature=0, stream_keeps_model=keeps,
                         stream=(lambda row, piece: pieces.append(piece)) if stream else None)[0]
     assert out == expected and "".join(pieces) == (out if stream else "")
-    assert len(tokens) >= 2  # one-token steps after the prompt's, each through the kernel
-    assert len(checks) == (len(tokens) if stream and not keeps else 1)
+    assert spy.calls >= 2  # one-token steps after the prompt's, each through the kernel
+    assert len(spy.checks) == (spy.calls if stream and not keeps else 1)
 
 
 def test_unknown_prompt_characters_become_unk() -> None:

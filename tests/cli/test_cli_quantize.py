@@ -14,7 +14,7 @@ from handformer.models.decoder_lm import DecoderLM
 from handformer.models.encoder import EncoderClassifier
 from handformer.runs import load_run, save_run
 from handformer.tokenizers import CharTokenizer
-from tests.conftest import tiny_config
+from tests.conftest import TokenKernelSpy, tiny_config
 
 TOK = CharTokenizer.from_text("abcdefgh \n")
 
@@ -54,17 +54,10 @@ def test_generate_prints_each_piece_and_checks_the_int8_kernel_once(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``handformer generate`` streams by printing, which leaves the model alone: it says so
     (``stream_keeps_model``), so the token kernel is checked once, not at every token."""
-    from handformer.nn import decode_block
-
-    checks, tokens = [], []
-    original_ends, original_token = decode_block._ends, decode_block.token_step
-    monkeypatch.setattr(decode_block, "_ends",
-                        lambda m: (checks.append(m), original_ends(m))[1])
-    monkeypatch.setattr(decode_block, "token_step",
-                        lambda *a: (tokens.append(1), original_token(*a))[1])
+    spy = TokenKernelSpy(monkeypatch)
     code, out, err = generate(lm_run(tmp_path / "run"), capsys, "--quantize", "int8")
     assert code == 0 and out.startswith("ab"), err
-    assert len(tokens) >= 2 and len(checks) == 1
+    assert spy.calls >= 2 and len(spy.checks) == 1
 
 
 def test_int8_without_the_cache_compiles_no_kernel_per_length(

@@ -21,7 +21,7 @@ from handformer.generate import (
 from handformer.generate.speculative import _accept_sampled
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
-from tests.conftest import tiny_config
+from tests.conftest import TokenKernelSpy, tiny_config
 
 POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
 
@@ -100,27 +100,19 @@ def test_an_int8_draft_is_checked_once_unless_on_token_may_change_it(
     each step's ``on_token`` unless it promises to keep the model. Same tokens either way,
     and they are the target's plain greedy ones."""
     from handformer.models.quantize import quantize_int8
-    from handformer.nn import decode_block
 
     target = _target()
     draft = quantize_int8(_noisy_copy(target, 0.05))
     ids = torch.randint(0, 37, (1, 5))
     want = generate(target, ids, 12, temperature=0)
-    checks: list[object] = []
-    original = decode_block._ends
-
-    def counting(model: DecoderLM) -> object:
-        checks.append(model)
-        return original(model)
-
-    monkeypatch.setattr(decode_block, "_ends", counting)
+    spy = TokenKernelSpy(monkeypatch)
     stats = SpeculationStats()
     emitted: list[int] = []
     got = speculative_generate(target, draft, ids, 12, speculate=3, temperature=0,
                                stats=stats, on_token_keeps_model=keeps,
                                on_token=(lambda x: emitted.append(int(x))) if on_token else None)
     assert torch.equal(got, want) and len(emitted) == (12 if on_token else 0)
-    drafted = [m for m in checks if m is draft]
+    drafted = [m for m in spy.checks if m is draft]
     if on_token and not keeps:
         assert 1 < len(drafted) <= stats.target_calls  # once per step, after its on_token
     else:

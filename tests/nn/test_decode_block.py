@@ -24,6 +24,7 @@ from handformer.models.quantize import quantize_int8
 from handformer.nn import decode_block
 from handformer.nn.int8_native import ISA_NAMES
 from handformer.nn.kv_cache import KVCache
+from tests.conftest import TokenKernelSpy
 
 pytestmark = pytest.mark.skipif(decode_block.block_step_status() is not None,
                                 reason=f"no C kernel here: {decode_block.block_step_status()}")
@@ -458,22 +459,15 @@ def test_a_callback_that_keeps_the_model_keeps_the_one_check(
     from handformer.generate import generate
 
     model = _model()
-    checked: list[object] = []
-    original = decode_block._ends
-
-    def counting(m: DecoderLM) -> object:
-        checked.append(m)
-        return original(m)
-
-    monkeypatch.setattr(decode_block, "_ends", counting)
+    spy = TokenKernelSpy(monkeypatch)
     prompt = torch.tensor([[1, 2, 3]])
     alone = generate(model, prompt, 6, temperature=0.0)
-    assert len(checked) == 1  # five one-token steps, checked at the first
+    assert len(spy.checks) == 1 and spy.calls == 5  # five one-token steps, checked at the first
     calls: list[int] = []
     streamed = generate(model, prompt, 6, temperature=0.0, on_token=calls.append,
                         on_token_keeps_model=keeps)
     assert torch.equal(streamed, alone) and len(calls) == 6
-    assert len(checked) == 1 + (1 if keeps else 5)
+    assert len(spy.checks) == 1 + (1 if keeps else 5)
 
 
 def test_a_held_stack_holds_the_memory_it_reads() -> None:
@@ -584,18 +578,11 @@ def test_a_held_token_is_checked_once_and_holds_the_memory_it_reads(
         monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model()
     reference = _steps(model, 6)
-    checked: list[object] = []
-    original = decode_block._ends
-
-    def counting(m: DecoderLM) -> object:
-        checked.append(m)
-        return original(m)
-
-    monkeypatch.setattr(decode_block, "_ends", counting)
+    spy = TokenKernelSpy(monkeypatch)
     with decode_block.checks_held() as hold:
         held = _steps(model, 6)
         (token,) = hold.stacks.values()
-    assert checked == [model]
+    assert spy.checks == [model]
     assert torch.equal(held[0], reference[0]) and torch.equal(held[1], reference[1])
     spans = [(s.data_ptr(), s.data_ptr() + s.nbytes()) for s in token.read]
     ends = token.ends
