@@ -117,3 +117,24 @@ def test_loss_curve_skips_torn_and_foreign_lines(tmp_path: Path) -> None:
     curve = read_loss_curve(path)
     assert curve.train == [(1, 2.5)] and curve.val == [(1, 2.4)]
     assert curve.skipped_lines == 2
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope", "alibi"])
+def test_loading_draws_no_random_start_and_keeps_computed_buffers_and_ties(
+        positional: str, tmp_path: Path) -> None:
+    """``load_run`` builds under ``skip_init``: the generator is untouched, yet the buffers
+    computed from the config, the tied head and every output are those of the saved model."""
+    torch.manual_seed(0)
+    model = DecoderLM(ModelConfig(**SHAPE, positional=positional)).eval()
+    save_run(tmp_path / "run", model, TOK)
+    before = torch.get_rng_state()
+    loaded = load_run(tmp_path / "run").model
+    assert torch.equal(torch.get_rng_state(), before)
+    want, got = dict(model.named_buffers()), dict(loaded.named_buffers())
+    assert want.keys() == got.keys()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    assert loaded.lm_head.weight is loaded.embed.token.weight
+    ids = torch.randint(0, TOK.vocab_size, (2, 7))  # (B, T)
+    with torch.no_grad():
+        assert torch.equal(model(ids), loaded(ids))

@@ -11,10 +11,14 @@ embedding-to-head path before the blocks join in.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["init_weights"]
+__all__ = ["init_weights", "skip_init"]
 
 
 def init_weights(model: nn.Module, n_layers: int, *, zero_out: bool = False) -> None:
@@ -35,3 +39,30 @@ def init_weights(model: nn.Module, n_layers: int, *, zero_out: bool = False) -> 
             nn.init.ones_(module.weight)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
+
+
+class _SkipInit(TorchFunctionMode):
+    """``torch.nn.init``'s fills pass their tensor back untouched; every other call runs."""
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def skip_init() -> Iterator[None]:
+    """Build a model whose every weight is about to be loaded, without drawing its random
+    start: ``torch.nn.init``'s random fills (``normal_``, ``uniform_``, ``kaiming_uniform_``)
+    leave their tensors as allocated.
+
+    Drawing a large model's weights only to overwrite them with a file's is most of the time
+    to load it; on the meta device, ``normal_`` also imports torch's compiler. Only for a load
+    that fills every parameter and persistent buffer (a strict one): the rest hold whatever
+    the allocator gave. Buffers computed from the config (rotary frequencies, ALiBi slopes)
+    are not fills and are computed as usual.
+    """
+    with _SkipInit():
+        yield

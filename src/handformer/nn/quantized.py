@@ -89,14 +89,13 @@ def quantize_weight(weight: Tensor, name: str = "weight") -> tuple[Tensor, Tenso
         raise ValueError(f"{name}: expected a 2-D floating-point weight (N, K); got "
                          f"{tuple(weight.shape)} {weight.dtype}")
     w = weight.detach().float()  # (N, K)
-    finite = torch.isfinite(w)
-    if not bool(finite.all()):
-        bad_rows = (~finite).any(dim=1).nonzero().flatten().tolist()
+    amax = w.abs().amax(dim=1)  # (N,): NaN where a row holds one, inf where it holds ±inf
+    if not bool(torch.isfinite(amax).all()):
+        bad_rows = (~torch.isfinite(amax)).nonzero().flatten().tolist()
         raise ValueError(f"{name}: cannot quantize a weight holding {int(w.isnan().sum())} NaN "
                          f"and {int(w.isinf().sum())} infinite value(s) (rows "
                          f"{bad_rows[:5]}{'…' if len(bad_rows) > 5 else ''}); the model is "
                          "damaged — `handformer doctor --run DIR` checks a run")
-    amax = w.abs().amax(dim=1)  # (N,)
     scale = (amax / INT8_MAX).clamp_min(_TINY_SCALE)  # (N,)
     # Never below max|w| / 127: a scale rounded down (subnormal ones lose digits) would push
     # the largest entry past 127, and clamping it would break the half-step bound.

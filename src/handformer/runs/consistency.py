@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from handformer.config import ClassifierConfig, ModelConfig, Seq2SeqConfig
+from handformer.nn.init import skip_init
 from handformer.runs.files import RunFolderError
 from handformer.tokenizers import CharTokenizer, Tokenizer
 from handformer.train.tensor_file import TensorFileError, check_tensor_file
@@ -85,8 +86,8 @@ def check_tokenizer_fits(tokenizer: Tokenizer, config: ModelsConfig, tokenizer_p
 
 def build_skeleton(build: Callable[[], nn.Module]) -> nn.Module:
     """``build()`` on the ``meta`` device: every parameter's name, shape and dtype, no
-    memory (a 10-billion-parameter config builds in milliseconds)."""
-    with torch.device("meta"):
+    memory and no random start (a 10-billion-parameter config builds in milliseconds)."""
+    with torch.device("meta"), skip_init():
         return build()
 
 

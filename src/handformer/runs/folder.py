@@ -44,6 +44,7 @@ from handformer.models.quantize import (
     quantization_info,
 )
 from handformer.models.seq2seq import EncoderDecoder
+from handformer.nn.init import skip_init
 from handformer.nn.lora import apply_lora, lora_layers, lora_state_dict
 from handformer.runs.base import (
     BASE_KEY,
@@ -254,7 +255,8 @@ def load_run(run_dir: str | Path, *, device: str = "cpu",
         if len(labels) != classes:
             raise RunFolderError(f"{run_dir}: labels.json has {len(labels)} labels but the "
                                  f"model has {classes} classes")
-    model = build()
+    with skip_init():  # every weight comes from the file, strictly: no random start to draw
+        model = build()
     _quantized_layout(model, config, run_dir / CONFIG)
     load_weights(model, run_dir / WEIGHTS, device=device)
     return Run(run_dir, found, model.to(device).eval(), tokenizer, config, labels)
