@@ -624,6 +624,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "a packed layer hands oneDNN every row count as it comes: the server keeps a kernel "
         "for each of them per layer shape, and its memory grows with every prefill height",
     ),
+    Mutant(
+        "load_run_draws_a_random_start", "runs/folder.py",
+        "    with skip_init():  # every weight comes from the file, strictly: no random start "
+        "to draw\n        model = build()",
+        "    if True:\n        model = build()",
+        ("tests/runs/test_runs.py",),
+        "loading a run fills every weight with random numbers only to overwrite them from the "
+        "file: seconds of start-up for a large model, and the caller's random stream moved",
+    ),
+    Mutant(
+        "quantize_checks_only_the_first_row", "nn/quantized.py",
+        "    if not bool(torch.isfinite(amax).all()):",
+        "    if not bool(torch.isfinite(amax[:1]).all()):",
+        ("tests/nn/test_quantized.py",),
+        "a NaN or inf outside a weight's first row is quantized to 0 or ±127 in silence",
+    ),
 )
 
 
