@@ -30,6 +30,7 @@ from handformer.data.classification import DataWarning
 from handformer.interop.files import read_config, read_weights
 from handformer.interop.gpt2 import ConversionError, check_float_tensors
 from handformer.models.encoder import Encoder, pool
+from handformer.nn.init import skip_init
 from handformer.tokenizers import HFTokenizer, load_tokenizer
 
 __all__ = ["SentenceEncoder", "config_from_bert", "from_bert_state_dict", "load_bert_folder",
@@ -100,7 +101,8 @@ def from_bert_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any], *,
     if any(k.startswith("bert.") for k in state):
         state = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
     cfg = config_from_bert(hf_config)
-    model = Encoder(cfg, final_norm=False)
+    with skip_init():  # every weight is loaded below, strictly
+        model = Encoder(cfg, final_norm=False)
     ours = model.state_dict()
     pairs = _key_map(cfg)
     needed = [k for k, _ in pairs] + [k for i in range(cfg.n_layers) for k in _qkv_keys(i)]

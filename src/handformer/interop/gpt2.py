@@ -20,6 +20,7 @@ from handformer.config import ModelConfig
 from handformer.interop.errors import ConversionError, check_float_tensors
 from handformer.interop.families import mismatches
 from handformer.models.decoder_lm import DecoderLM
+from handformer.nn.init import skip_init
 
 __all__ = ["ConversionError", "check_float_tensors", "config_from_gpt2", "config_to_gpt2",
            "from_gpt2_state_dict", "to_gpt2_state_dict"]
@@ -106,7 +107,8 @@ def from_gpt2_state_dict(state: dict[str, Tensor], hf_config: dict[str, Any], *,
     """Build a ``DecoderLM`` holding a GPT-2 checkpoint's weights (``source`` names the file
     in errors)."""
     cfg = config_from_gpt2(hf_config)
-    model = DecoderLM(cfg)
+    with skip_init():  # every weight is loaded below, strictly
+        model = DecoderLM(cfg)
     ours = model.state_dict()
     pairs = _key_map(cfg)
     missing = [k for k, _, _ in pairs if k not in state]

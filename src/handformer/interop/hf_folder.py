@@ -51,6 +51,7 @@ from handformer.interop.llama import (
 )
 from handformer.models.budget import check_model_fits
 from handformer.models.decoder_lm import DecoderLM
+from handformer.nn.init import skip_init
 from handformer.nn.lora import merge_lora
 from handformer.runs import LM_FOLDER, FolderSpec, check_destination, folder_path, writing_folder
 from handformer.runs.guard import ENCODER_FOLDER, remove_if_ours
@@ -118,7 +119,8 @@ def _llama_model(src: Path, hf_config: dict[str, Any]) -> DecoderLM:
                               f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}")
     check_float_tensors(state, expected, str(src))
     ours = from_llama_state_dict(state, cfg)
-    model = DecoderLM(cfg)
+    with skip_init():  # every weight is loaded below, strictly
+        model = DecoderLM(cfg)
     wanted = model.state_dict()
     for key, tensor in ours.items():
         if tuple(tensor.shape) != tuple(wanted[key].shape):
