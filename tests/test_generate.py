@@ -18,6 +18,7 @@ from handformer.generate import (
     generate_text,
     sample_next,
 )
+from handformer.generate.speculative import speculative_generate
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from tests.conftest import TokenKernelSpy, tiny_config
@@ -305,6 +306,10 @@ def test_unknown_prompt_characters_become_unk() -> None:
         (dict(repetition_penalty=float("nan")), "repetition_penalty must be > 0 and finite"),
         (dict(repetition_penalty=float("inf")), "repetition_penalty must be > 0 and finite"),
         (dict(max_new_tokens=2.0), "max_new_tokens must be >= 0"),
+        # a promise is made on purpose: a truthy string or number is not one
+        (dict(on_token_keeps_model="no"), r"on_token_keeps_model must be True or False.*'no'"),
+        (dict(on_token_keeps_model=1), "on_token_keeps_model must be True or False.*int"),
+        (dict(use_cache=None), "use_cache must be True or False.*None"),
     ],
 )
 def test_bad_generation_arguments(kwargs: dict, message: str) -> None:
@@ -312,6 +317,16 @@ def test_bad_generation_arguments(kwargs: dict, message: str) -> None:
     args = {"max_new_tokens": 3, **kwargs}
     with pytest.raises(ValueError, match=message):
         generate(model, torch.tensor([[5, 6]]), **args)
+
+
+def test_generate_text_and_speculation_refuse_a_promise_that_is_not_a_bool() -> None:
+    model, tok = _model("learned", "sdpa"), CharTokenizer.from_text("abc")
+    with pytest.raises(ValueError, match=r"stream_keeps_model must be True or False.*'yes'"):
+        generate_text(model, tok, "ab", 3, stream=lambda row, piece: None,
+                      stream_keeps_model="yes")
+    with pytest.raises(ValueError, match="on_token_keeps_model must be True or False"):
+        speculative_generate(model, model, torch.tensor([[5, 6]]), 3,
+                             on_token_keeps_model="yes")
 
 
 def test_empty_prompts_are_rejected() -> None:

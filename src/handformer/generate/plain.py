@@ -252,6 +252,15 @@ def _check_budget(model: nn.Module, shape: torch.Size, max_new_tokens: int,
     check_fits(estimate, param.device)
 
 
+def _check_flags(**flags: object) -> None:
+    """``ValueError`` naming the switch unless each is True or False: a promise such as
+    ``on_token_keeps_model`` must be made on purpose, not by any truthy value ("no", 1)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False; got {value!r} "
+                             f"({type(value).__name__})")
+
+
 def check_request(who: str, model: nn.Module, ids: Tensor, max_new_tokens: object,
                   padding_mask: Tensor | None, eos_id: int | None) -> None:
     """The checks every decoding entry point (``who``, named in the errors) makes before it
@@ -320,6 +329,7 @@ def generate(
     prompt longer than the model's window is read from its end, with a ``DataWarning``.
     """
     check_sampling(temperature, top_k, top_p, repetition_penalty)
+    _check_flags(use_cache=use_cache, on_token_keeps_model=on_token_keeps_model)
     check_request("generate", model, ids, max_new_tokens, padding_mask, eos_id)
     max_len: int = model.config.max_len  # type: ignore[union-attr]
     param = next(model.parameters())

@@ -45,6 +45,7 @@ from handformer.generate.plain import (
     TokenCallback,
     _check_budget,
     _check_finite_logits,
+    _check_flags,
     _outside_inference_mode,
     _takes_validate,
     check_request,
@@ -256,6 +257,7 @@ def speculative_generate(
     _check_speculate(speculate)
     check_sampling(temperature, top_k, top_p)
     check_draft(target, draft)
+    _check_flags(on_token_keeps_model=on_token_keeps_model)
     check_request("speculative_generate", target, ids, max_new_tokens, padding_mask, eos_id)
     param = next(target.parameters())
     device = param.device

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from torch import Tensor, nn
 
 from handformer.data.padding import pad_sequences
-from handformer.generate.plain import generate
+from handformer.generate.plain import _check_flags, generate
 from handformer.generate.speculative import SpeculationStats, speculative_generate
 
 __all__ = ["generate_text", "held_back"]
@@ -52,6 +52,8 @@ def generate_text(
     proposals a step (``speculative_generate``), and ``stats`` if given receives the
     acceptance figures.
     """
+    _check_flags(stream_keeps_model=stream_keeps_model)
+    keeps_model = stream is None or stream_keeps_model  # no stream: only decoding runs
     prompt_list = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompt_list or any(p == "" for p in prompt_list):
         raise ValueError("prompts must be non-empty strings")
@@ -84,7 +86,7 @@ def generate_text(
 
     if draft is None:
         generate(model, ids, max_new_tokens, padding_mask=mask, on_token=on_token,
-                 on_token_keeps_model=stream is None or stream_keeps_model,
+                 on_token_keeps_model=keeps_model,
                  eos_id=tokenizer.eos_id, **sampling)
     else:
         if sampling.pop("repetition_penalty", 1.0) != 1.0:
@@ -96,7 +98,7 @@ def generate_text(
                              "proposals with it); drop use_cache=False or the draft")
         speculative_generate(model, draft, ids, max_new_tokens, speculate=speculate,
                              padding_mask=mask, on_token=on_token,
-                             on_token_keeps_model=stream is None or stream_keeps_model,
+                             on_token_keeps_model=keeps_model,
                              eos_id=tokenizer.eos_id, stats=stats, **sampling)
     for row in range(len(texts)):
         emit(row, len(texts[row]))  # release text held back for a stop that never came

@@ -320,9 +320,11 @@ class Int8Linear(nn.Module):
         q, scale = buffers["qweight"], buffers["scale"]
         return (q, scale) if bias is None else (q, scale, bias)  # type: ignore[return-value]
 
-    def _use_fused(self, x: Tensor, rows: int) -> bool:
-        """Whether ``x`` ((rows, K) once flattened) goes through the fused kernel (see the
-        class docstring)."""
+    def _takes_row_loop(self, x: Tensor, rows: int) -> bool:
+        """Whether ``x`` ((rows, K) once flattened) goes to a loop over the int8 rows — the C
+        loop, else the fused one — rather than dequantize-then-matmul: a few rows under
+        "auto" (see the class docstring), any rows for a pinned "native" or "fused", never
+        when autograd needs a backward."""
         if torch.is_grad_enabled():
             bias = self._parameters.get("bias")
             if x.requires_grad or (bias is not None and bias.requires_grad):
@@ -337,7 +339,7 @@ class Int8Linear(nn.Module):
         if x.dim() == 0 or x.shape[-1] != k:
             raise ValueError(f"Int8Linear expects x of shape (..., {k}); got {tuple(x.shape)}")
         rows = x.numel() // k if k else 0
-        if self._use_fused(x, rows):
+        if self._takes_row_loop(x, rows):
             # Rows × K past FUSED_MAX_ELEMENTS outgrow the fast caches of the fused and the
             # plain C loops; the vector C loops' tiles keep no running sums there and serve.
             wide = self.kernel == "auto" and rows * k > FUSED_MAX_ELEMENTS
