@@ -323,7 +323,8 @@ def generate(
     bool (B, T) (a float or int one is refused: see ``handformer.masks``) or a row without
     real tokens, negative ``max_new_tokens``, an ``eos_id`` outside the vocabulary, ids the
     model refuses (checked once, on the prompt), or invalid sampling settings
-    (``check_sampling``); ``NonFiniteLogitsError`` if the model's logits hold NaN or inf (or
+    (``check_sampling``) or switches (``use_cache``, ``on_token_keeps_model``) that are not
+    bools; ``NonFiniteLogitsError`` if the model's logits hold NaN or inf (or
     overflow once scaled), naming the step; ``MemoryBudgetError`` (``models.budget``) when
     the output tokens and the KV cache cannot fit in memory, before they are allocated. A
     prompt longer than the model's window is read from its end, with a ``DataWarning``.
