@@ -101,8 +101,9 @@ def quantize_weight(weight: Tensor, name: str = "weight") -> tuple[Tensor, Tenso
     # the largest entry past 127, and clamping it would break the half-step bound.
     low = scale.double() * INT8_MAX < amax.double()  # (N,)
     scale = torch.where(low, torch.nextafter(scale, torch.full_like(scale, math.inf)), scale)
-    q = torch.round(w / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # (N, K)
-    return q, scale
+    q = w / scale[:, None]  # (N, K), a new tensor: rounded and clamped in place
+    q.round_().clamp_(-INT8_MAX, INT8_MAX)
+    return q.to(torch.int8), scale
 
 
 def dequantize_weight(q: Tensor, scale: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -299,8 +300,8 @@ class Int8Linear(nn.Module):
         q, scale = quantize_weight(linear.weight, name)
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None,
                     device=linear.weight.device, kernel=kernel)
+        layer.qweight = q  # (N, K), fresh and contiguous: taken as it is, not copied
         with torch.no_grad():
-            layer.qweight.copy_(q)
             layer.scale.copy_(scale)
             if linear.bias is not None:
                 layer.bias.copy_(linear.bias.float())  # type: ignore[union-attr]
