@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -516,6 +517,28 @@ def test_a_token_writes_the_stacks_cache_and_the_modules_logits(
     assert spy.tokens == 6 and spy.stacks == 12
     assert torch.equal(token[1], stack[1])
     assert float((token[0] - stack[0]).abs().max()) <= REL * float(stack[0].abs().max())
+
+
+def test_a_token_leaves_the_caches_bookkeeping_as_the_modules_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token call counts its token without a tensor op (``add_decoded_token``); what the
+    cache then reads — length, mask, positions, next position — is what the modules' path
+    leaves, and a longer chunk after the run continues from it alike."""
+    model = _model()
+    spy = _Spy(monkeypatch)
+    states = []
+    for off in (False, True):
+        cache = model.make_cache(1, 16)
+        with torch.inference_mode(), (decode_block.disabled() if off else nullcontext()):
+            model(torch.tensor([[1, 2, 3]]), cache=cache)
+            for i in range(5):
+                model(torch.tensor([[4 + i]]), cache=cache)
+            model(torch.tensor([[9, 8]]), cache=cache)
+            n = cache.length
+            states.append((n, cache.next_position.tolist(), cache.key_mask[:, :n].tolist(),
+                           cache.key_positions[:, :n].tolist()))
+    assert spy.tokens == 5
+    assert states[0] == states[1] == (10, [10], [[True] * 10], [list(range(10))])
 
 
 def _hook(module_name: str) -> Callable[[DecoderLM], object]:

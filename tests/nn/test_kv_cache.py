@@ -1,5 +1,6 @@
-"""``DecoderCache.truncate``: rolling a cache back is exact — the state, and every logit
-after it, equal those of a cache that never saw the dropped tokens."""
+"""``DecoderCache``'s bookkeeping: rolling a cache back (``truncate``) is exact — the state,
+and every logit after it, equal those of a cache that never saw the dropped tokens — and
+tokens counted by ``add_decoded_token`` read as appended ones."""
 
 from __future__ import annotations
 
@@ -92,3 +93,57 @@ def test_truncate_refuses_lengths_outside_the_filled_part(length: int) -> None:
         model(torch.randint(0, 37, (1, 3)), cache=cache)
     with pytest.raises(ValueError, match=r"0 <= length <= 3"):
         cache.truncate(length)
+
+
+def _bookkeeping(cache: DecoderCache) -> tuple:
+    n = cache.length
+    return (n, cache.has_padding, cache.next_position.tolist(),
+            cache.key_mask[:, :n].tolist(), cache.key_positions[:, :n].tolist())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decoded_tokens_read_as_appended_ones(seed: int) -> None:
+    """``add_decoded_token`` writes its run's bookkeeping only when something reads it:
+    after every step of a random script of decoded tokens, padded and plain chunks,
+    truncations and resets, the two caches read alike, and the chunks get the same
+    positions."""
+    gen = torch.Generator().manual_seed(seed)
+    lazy, eager = (DecoderCache(1, 2, 1, 64, 4) for _ in range(2))
+
+    def draw(n: int) -> int:
+        return int(torch.randint(0, n, (1,), generator=gen))
+
+    for _ in range(40):
+        op = draw(10)
+        room = eager.capacity - eager.length
+        if op < 6 and room >= 1:
+            lazy.add_decoded_token()
+            eager.append_tokens(None, 1)
+            eager.commit(1)
+        elif op < 8 and room >= 3:
+            mask = torch.rand(2, 3, generator=gen) < 0.7 if draw(2) else None
+            got = lazy.append_tokens(mask, 3)
+            want = eager.append_tokens(mask, 3)
+            assert got[1] == want[1] and torch.equal(got[0], want[0])
+            lazy.commit(3)
+            eager.commit(3)
+        elif op == 8:
+            length = draw(eager.length + 1)
+            lazy.truncate(length)
+            eager.truncate(length)
+        else:
+            lazy.reset()
+            eager.reset()
+        if draw(3) == 0:  # reads in the middle of a run settle it; the run then goes on
+            assert _bookkeeping(lazy) == _bookkeeping(eager)
+    assert _bookkeeping(lazy) == _bookkeeping(eager)
+
+
+def test_a_decoded_token_past_the_capacity_is_an_overflow() -> None:
+    cache = DecoderCache(1, 1, 1, 2, 4)
+    cache.add_decoded_token()
+    cache.add_decoded_token()
+    with pytest.raises(ValueError, match=r"KV cache overflow: 2 cached \+ 1 new token > "
+                                         r"capacity 2"):
+        cache.add_decoded_token()
+    assert cache.length == 2 and cache.key_positions[0].tolist() == [0, 1]

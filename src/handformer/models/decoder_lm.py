@@ -111,15 +111,16 @@ class DecoderLM(Trunk):
         t = ids.shape[1]
         cache_start = 0
         if cache is not None:
-            positions, cache_start = cache.append_tokens(padding_mask, t)  # (B, T)
-            if t == 1 and padding_mask is None and not cache.has_padding:
+            if (t == 1 and padding_mask is None and type(cache) is DecoderCache
+                    and not cache.has_padding and cache.length < cache.capacity):
                 # One real token of one request: the whole token in one C call where the
                 # kernel serves this model (``decode_block.token_step``; without padding a
                 # token's position is its column). Else the modules below.
-                logits = decode_block.token_step(self, ids, cache.layers, cache_start)
+                logits = decode_block.token_step(self, ids, cache.layers, cache.length)
                 if logits is not None:
-                    cache.commit(1)
+                    cache.add_decoded_token()
                     return logits  # (1, 1, V)
+            positions, cache_start = cache.append_tokens(padding_mask, t)  # (B, T)
             end = cache_start + t
             # Only ALiBi reads the keys' positions (RoPE rotated each key when it was cached).
             key_positions = cache.key_positions[:, :end] if self._alibi else None  # (B, S)

@@ -109,17 +109,69 @@ class DecoderCache:
                        for i in range(n_layers)]
         self.batch_size = batch_size
         self.capacity = capacity
-        self.key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
-        self.key_positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
-        self.next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        self._key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
+        self._key_positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
+        self._next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
+        # Columns [_run_start, _run_start + _run) were counted by ``add_decoded_token`` and
+        # their bookkeeping is not written yet (``_settle`` writes it).
+        self._run_start, self._run = 0, 0
         self.length = 0
         self.has_padding = False  # any filled column that is not a real token?
 
+    @property
+    def key_mask(self) -> Tensor:
+        """(B, L) bool: whether column j holds a real token (False for left padding)."""
+        self._settle()
+        return self._key_mask
+
+    @property
+    def key_positions(self) -> Tensor:
+        """(B, L) long: column j's position id, counting real tokens only."""
+        self._settle()
+        return self._key_positions
+
+    @property
+    def next_position(self) -> Tensor:
+        """(B,) long: the position the next real token of each row gets."""
+        self._settle()
+        return self._next_position
+
+    def _settle(self) -> None:
+        """Write the bookkeeping of the tokens ``add_decoded_token`` counted: every one real,
+        at the positions that follow ``next_position``."""
+        n, start = self._run, self._run_start
+        if n == 0:
+            return
+        self._run = 0
+        steps = torch.arange(n, device=self._next_position.device)  # (n,)
+        self._key_mask[:, start : start + n] = True
+        self._key_positions[:, start : start + n] = self._next_position[:, None] + steps
+        self._next_position += n
+
     def reset(self) -> None:
         """Forget everything (buffers stay allocated and are overwritten on the next fill)."""
+        self._run = 0
         self.length = 0
-        self.next_position.zero_()
+        self._next_position.zero_()
         self.has_padding = False
+
+    def add_decoded_token(self) -> None:
+        """Count one real token per row whose keys and values every layer has already
+        written at column ``length`` (the one-call decoding token, ``decode_block.
+        token_step``): ``append_tokens(None, 1)`` and ``commit(1)`` in one, without a tensor
+        op. Decoding calls this once a token, and each of those ops would run with caches the
+        weights just streamed through; their mask, positions and next position are written
+        for the whole run at once, when something next reads them."""
+        if self.length >= self.capacity:
+            raise ValueError(f"KV cache overflow: {self.length} cached + 1 new token > "
+                             f"capacity {self.capacity}; reset the cache or set it up with a "
+                             "larger max_len")
+        if self._run and self._run_start + self._run != self.length:
+            self._settle()  # not a continuation of the run (a truncation came between)
+        if self._run == 0:
+            self._run_start = self.length
+        self._run += 1
+        self.length += 1
 
     def append_tokens(self, new_mask: Tensor | None, t: int | None = None
                       ) -> tuple[Tensor, int]:
@@ -137,27 +189,28 @@ class DecoderCache:
             b, t = new_mask.shape
         if b != self.batch_size:
             raise ValueError(f"cache was set up for batch size {self.batch_size}; got {b}")
+        self._settle()
         start = self.length
         if start + t > self.capacity:
             raise ValueError(f"KV cache overflow: {start} cached + {t} new tokens > capacity "
                              f"{self.capacity}; reset the cache or set it up with a larger "
                              "max_len")
         if new_mask is None and t == 1:  # one real token per row: a decoding step
-            positions = self.next_position[:, None].clone()  # (B, 1)
-            self.key_mask[:, start] = True
-            self.key_positions[:, start] = self.next_position
-            self.next_position += 1
+            positions = self._next_position[:, None].clone()  # (B, 1)
+            self._key_mask[:, start] = True
+            self._key_positions[:, start] = self._next_position
+            self._next_position += 1
             return positions, start
         if new_mask is None:
-            counts = torch.arange(1, t + 1, device=self.key_mask.device).expand(b, t)  # (B, T)
-            self.key_mask[:, start : start + t] = True
+            counts = torch.arange(1, t + 1, device=self._key_mask.device).expand(b, t)  # (B, T)
+            self._key_mask[:, start : start + t] = True
         else:
             counts = new_mask.long().cumsum(dim=-1)  # (B, T)
-            self.key_mask[:, start : start + t] = new_mask
+            self._key_mask[:, start : start + t] = new_mask
             self.has_padding = self.has_padding or not bool(new_mask.all())
-        positions = (self.next_position[:, None] + counts - 1).clamp(min=0)  # (B, T)
-        self.key_positions[:, start : start + t] = positions
-        self.next_position += counts[:, -1]
+        positions = (self._next_position[:, None] + counts - 1).clamp(min=0)  # (B, T)
+        self._key_positions[:, start : start + t] = positions
+        self._next_position += counts[:, -1]
         return positions, start
 
     def truncate(self, length: int) -> None:
@@ -174,8 +227,9 @@ class DecoderCache:
                              f"{length}; expected 0 <= length <= {self.length}")
         if length == self.length:
             return
-        kept = self.key_mask[:, :length]  # (B, length)
-        self.next_position.copy_(kept.sum(dim=1))
+        self._settle()
+        kept = self._key_mask[:, :length]  # (B, length)
+        self._next_position.copy_(kept.sum(dim=1))
         self.has_padding = bool(length) and not bool(kept.all())
         self.length = length
 
