@@ -3,6 +3,7 @@ in-process through ``handformer.cli.main``."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,31 @@ def test_generate_prints_each_piece_and_checks_the_int8_kernel_once(
     code, out, err = generate(lm_run(tmp_path / "run"), capsys, "--quantize", "int8")
     assert code == 0 and out.startswith("ab"), err
     assert spy.calls >= 2 and len(spy.checks) == 1
+
+
+def test_the_int8_kernel_is_said_to_be_prepared_only_while_a_wait_is_felt(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel cached on disk is ready at once: the CLI says only that. A preparation that
+    takes longer than ``PREPARING_AFTER_S`` is announced while it runs, before "ready"."""
+    from handformer.cli import generate as cli_generate
+    from handformer.models import quantize
+
+    run = lm_run(tmp_path / "run")
+    generate(run, capsys, "--quantize", "int8")  # builds or loads the kernel once
+    code, _, err = generate(run, capsys, "--quantize", "int8")
+    assert code == 0 and "int8: ready in" in err and "preparing" not in err, err
+    real = quantize.warm_up_int8
+
+    def slow(*args: object, **kwargs: object) -> tuple[float, str | None]:
+        time.sleep(0.4)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quantize, "warm_up_int8", slow)
+    monkeypatch.setattr(cli_generate, "PREPARING_AFTER_S", 0.05)
+    code, _, err = generate(run, capsys, "--quantize", "int8")
+    assert code == 0, err
+    assert 0 <= err.index("preparing the int8 kernel") < err.index("int8: ready in")
 
 
 def test_int8_without_the_cache_compiles_no_kernel_per_length(

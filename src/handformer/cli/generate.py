@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,8 @@ __all__ = ["register", "run_generate"]
 # without importing torch); tests hold the two equal.
 MAX_SPECULATE = 32
 DEFAULT_SPECULATE = 4
+# How long the int8 kernel's preparation runs before the CLI says it is preparing one.
+PREPARING_AFTER_S = 0.5
 
 
 def register(sub: Any) -> None:
@@ -112,10 +115,17 @@ def _quantized(model: Any, speculate: int | None, *, use_cache: bool = True) -> 
         print("int8: without the KV cache every step runs the whole prefix: using the "
               "dequantizing kernel (no compiling)", file=sys.stderr, flush=True)
         return set_int8_kernel(model, "dequantized")
-    print("int8: preparing the int8 kernel for this model's layer shapes (built once per "
-          "machine, then cached on disk)...", file=sys.stderr, flush=True)
-    seconds, note = warm_up_int8(model, positions=(1,) if speculate is None else
-                                 (1, speculate + 1))
+    # Said only when the wait is felt: a kernel cached on disk is ready at once.
+    waiting = threading.Timer(PREPARING_AFTER_S, lambda: print(
+        "int8: preparing the int8 kernel for this model's layer shapes (built once per "
+        "machine, then cached on disk)...", file=sys.stderr, flush=True))
+    waiting.start()
+    try:
+        seconds, note = warm_up_int8(model, positions=(1,) if speculate is None else
+                                     (1, speculate + 1))
+    finally:
+        waiting.cancel()
+        waiting.join()
     print(f"int8: {note or f'ready in {seconds:.1f} s'}", file=sys.stderr, flush=True)
     return model
 
