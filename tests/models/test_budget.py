@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from handformer.models.budget import (
 from handformer.models.decoder_lm import DecoderLM
 from handformer.models.encoder import Encoder, EncoderClassifier
 from handformer.models.seq2seq import EncoderDecoder
+from handformer.nn.kv_cache import DecoderCache
 
 GiB = 1 << 30
 
@@ -118,6 +120,32 @@ def test_kv_cache_estimate_is_exact(n_kv_heads: int) -> None:
     held += sum(t.numel() * t.element_size()
                 for t in (cache.key_mask, cache.key_positions, cache.next_position))
     assert kv_cache_bytes(cfg, 3) == held
+
+
+@pytest.mark.parametrize(("prompt", "new", "columns"), [(3, 4, 7), (3, 40, 20), (25, 2, 20)])
+def test_generate_sizes_its_cache_to_the_call_and_the_estimate_counts_that_cache(
+        prompt: int, new: int, columns: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``generate`` asks for min(window, prompt + new) columns, no more (a long window and a
+    few tokens: a small cache), and the budget counts exactly that cache."""
+    model = DecoderLM(small(max_len=20)).eval()
+    made: list[DecoderCache] = []
+    real = model.make_cache
+
+    def spy(batch_size: int, max_len: int | None = None) -> DecoderCache:
+        made.append(real(batch_size, max_len))
+        return made[-1]
+
+    monkeypatch.setattr(model, "make_cache", spy)
+    ids = torch.randint(0, model.config.vocab_size, (2, prompt))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a prompt longer than the window is cropped
+        out = generate(model, ids, new, temperature=0)
+    assert out.shape == (2, prompt + new)
+    assert [c.capacity for c in made] == [columns]
+    held = kv_cache_bytes(model.config, 2, columns)
+    assert generation_estimate(model.config, 2, prompt, new).parts["KV cache"] == held
+    full = generate(model, ids, new, temperature=0, use_cache=False)
+    assert torch.equal(out, full)
 
 
 def test_training_estimate_counts_weights_gradients_and_adamw() -> None:

@@ -349,7 +349,11 @@ def generate(
     if padding_mask is not None:
         real[:, :length] = padding_mask
     finished = torch.zeros(b, dtype=torch.bool, device=device)
-    cache: DecoderCache | None = model.make_cache(b) if use_cache else None  # type: ignore[operator]
+    # The cache holds at most the window, and never more than this call's tokens: a model
+    # with a long window asked for a few tokens gets a cache of a few columns.
+    capacity = min(max_len, length + max_new_tokens)
+    cache: DecoderCache | None = (model.make_cache(b, capacity)  # type: ignore[operator]
+                                  if use_cache else None)
     # The prompt is checked once, by the first forward call; every later call feeds ids this
     # loop sampled from the model's own logits (always in range), so a model whose forward
     # offers it skips the per-call checks (for DecoderLM: a host sync on the id range).

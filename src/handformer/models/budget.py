@@ -261,12 +261,13 @@ def generation_estimate(config: ModelConfig, batch_size: int, prompt_len: int,
                         bytes_per_value: int = FLOAT32) -> Estimate:
     """What ``generate`` allocates besides the model: the output tokens (B × (T + new) ids,
     8 bytes, and a bool mask beside them) and, with ``use_cache``, the KV cache of
-    ``max_len`` columns; the logits of one step (B × T × V) for the first, prompt-long step."""
+    ``min(max_len, T + new)`` columns (the window, or the call's tokens where fewer); the
+    logits of one step (B × T × V) for the first, prompt-long step."""
     total_len = prompt_len + max_new_tokens
     window = min(total_len, config.max_len)
     parts = {"output tokens": batch_size * total_len * (8 + 1),
-             "KV cache": kv_cache_bytes(config, batch_size, bytes_per_value=bytes_per_value)
-             if use_cache else 0,
+             "KV cache": kv_cache_bytes(config, batch_size, window,
+                                        bytes_per_value=bytes_per_value) if use_cache else 0,
              "logits": batch_size * window * config.vocab_size * FLOAT32}
     return Estimate("generating this many tokens", parts,
                     hint="ask for fewer new tokens (--max-new-tokens) or fewer prompts")
