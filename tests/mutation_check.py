@@ -635,10 +635,26 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "quantize_checks_only_the_first_row", "nn/quantized.py",
-        "    if not bool(torch.isfinite(amax).all()):",
-        "    if not bool(torch.isfinite(amax[:1]).all()):",
+        "    if not bool(finite.all()):",
+        "    if not bool(finite[:1].all()):",
         ("tests/nn/test_quantized.py",),
         "a NaN or inf outside a weight's first row is quantized to 0 or ±127 in silence",
+    ),
+    Mutant(
+        "decoded_tokens_restart_their_positions", "nn/kv_cache.py",
+        "self._key_positions[:, start : start + n] = self._next_position[:, None] + steps",
+        "self._key_positions[:, start : start + n] = steps",
+        ("tests/nn/test_kv_cache.py",),
+        "tokens the one-call decoding step counted get positions from 0 once something reads "
+        "them: ALiBi's bias and every later chunk's positions go wrong after a prompt",
+    ),
+    Mutant(
+        "generate_caches_the_whole_window", "generate/plain.py",
+        "    capacity = min(max_len, length + max_new_tokens)",
+        "    capacity = max_len",
+        ("tests/models/test_budget.py",),
+        "a model with a long window asked for a few tokens allocates (and first-touches) a "
+        "cache of the whole window",
     ),
 )
 

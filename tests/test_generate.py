@@ -17,8 +17,8 @@ from handformer.generate import (
     generate,
     generate_text,
     sample_next,
+    speculative_generate,
 )
-from handformer.generate.speculative import speculative_generate
 from handformer.models.decoder_lm import DecoderLM
 from handformer.tokenizers import CharTokenizer
 from tests.conftest import TokenKernelSpy, tiny_config
