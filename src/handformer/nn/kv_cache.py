@@ -167,7 +167,7 @@ class DecoderCache:
                              f"capacity {self.capacity}; reset the cache or set it up with a "
                              "larger max_len")
         if self._run and self._run_start + self._run != self.length:
-            self._settle()  # not a continuation of the run (a truncation came between)
+            self._settle()  # the length moved another way since (a bare commit): a new run
         if self._run == 0:
             self._run_start = self.length
         self._run += 1
