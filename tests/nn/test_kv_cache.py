@@ -147,3 +147,25 @@ def test_a_decoded_token_past_the_capacity_is_an_overflow() -> None:
                                          r"capacity 2"):
         cache.add_decoded_token()
     assert cache.length == 2 and cache.key_positions[0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("made_in_inference_mode", [True, False])
+def test_decoded_tokens_read_outside_the_mode_they_were_decoded_in(
+        made_in_inference_mode: bool) -> None:
+    """Tokens decoded under ``torch.inference_mode`` are read back (and written, on that
+    read) outside it, whichever mode made the cache; a later chunk outside works too."""
+    with torch.inference_mode(made_in_inference_mode):
+        cache = DecoderCache(1, 1, 1, 8, 4)
+    with torch.inference_mode():
+        cache.add_decoded_token()
+        cache.add_decoded_token()
+    assert cache.key_positions[0, :2].tolist() == [0, 1]
+    assert cache.next_position.tolist() == [2] and cache.key_mask[0, :2].all()
+    with torch.inference_mode():
+        cache.add_decoded_token()
+    if made_in_inference_mode:
+        with torch.inference_mode():
+            positions, start = cache.append_tokens(None, 2)
+    else:
+        positions, start = cache.append_tokens(None, 2)
+    assert start == 3 and positions.tolist() == [[3, 4]]

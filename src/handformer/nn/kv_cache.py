@@ -143,10 +143,13 @@ class DecoderCache:
         if n == 0:
             return
         self._run = 0
-        steps = torch.arange(n, device=self._next_position.device)  # (n,)
-        self._key_mask[:, start : start + n] = True
-        self._key_positions[:, start : start + n] = self._next_position[:, None] + steps
-        self._next_position += n
+        # A read may come outside the inference mode the tokens were decoded in, and an
+        # inference tensor (a cache made in that mode) takes in-place writes only within it.
+        with torch.inference_mode():
+            steps = torch.arange(n, device=self._next_position.device)  # (n,)
+            self._key_mask[:, start : start + n] = True
+            self._key_positions[:, start : start + n] = self._next_position[:, None] + steps
+            self._next_position += n
 
     def reset(self) -> None:
         """Forget everything (buffers stay allocated and are overwritten on the next fill)."""
