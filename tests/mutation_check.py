@@ -99,8 +99,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "step_positions_restart", "nn/kv_cache.py",
-        "            positions = self.next_position[:, None].clone()  # (B, 1)",
-        "            positions = torch.zeros_like(self.next_position[:, None])  # (B, 1)",
+        "            positions = self._next_position[:, None].clone()  # (B, 1)",
+        "            positions = torch.zeros_like(self._next_position[:, None])  # (B, 1)",
         ("tests/test_generate.py",),
         "each cached step gets position 0 instead of continuing after the prompt",
     ),
@@ -165,8 +165,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "truncate_keeps_positions", "nn/kv_cache.py",
-        "self.next_position.copy_(kept.sum(dim=1))",
-        "self.next_position.copy_(self.next_position)",
+        "self._next_position.copy_(kept.sum(dim=1))",
+        "self._next_position.copy_(self._next_position)",
         ("tests/nn/test_kv_cache.py",),
         "a rolled-back cache keeps counting positions from the rejected tokens",
     ),
