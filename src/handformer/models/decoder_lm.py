@@ -112,7 +112,7 @@ class DecoderLM(Trunk):
         cache_start = 0
         if cache is not None:
             if (t == 1 and padding_mask is None and type(cache) is DecoderCache
-                    and not cache.has_padding and cache.length < cache.capacity):
+                    and not cache.has_padding):
                 # One real token of one request: the whole token in one C call where the
                 # kernel serves this model (``decode_block.token_step``; without padding a
                 # token's position is its column). Else the modules below.

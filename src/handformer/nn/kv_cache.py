@@ -112,9 +112,9 @@ class DecoderCache:
         self._key_mask = torch.zeros(batch_size, capacity, dtype=torch.bool, device=device)
         self._key_positions = torch.zeros(batch_size, capacity, dtype=torch.long, device=device)
         self._next_position = torch.zeros(batch_size, dtype=torch.long, device=device)
-        # Columns [_run_start, _run_start + _run) were counted by ``add_decoded_token`` and
-        # their bookkeeping is not written yet (``_settle`` writes it).
-        self._run_start, self._run = 0, 0
+        # The last _run filled columns were counted by ``add_decoded_token`` and their
+        # bookkeeping is not written yet (``_settle`` writes it before the length moves).
+        self._run = 0
         self.length = 0
         self.has_padding = False  # any filled column that is not a real token?
 
@@ -139,9 +139,10 @@ class DecoderCache:
     def _settle(self) -> None:
         """Write the bookkeeping of the tokens ``add_decoded_token`` counted: every one real,
         at the positions that follow ``next_position``."""
-        n, start = self._run, self._run_start
+        n = self._run
         if n == 0:
             return
+        start = self.length - n
         self._run = 0
         # A read may come outside the inference mode the tokens were decoded in, and an
         # inference tensor (a cache made in that mode) takes in-place writes only within it.
@@ -165,16 +166,16 @@ class DecoderCache:
         op. Decoding calls this once a token, and each of those ops would run with caches the
         weights just streamed through; their mask, positions and next position are written
         for the whole run at once, when something next reads them."""
-        if self.length >= self.capacity:
-            raise ValueError(f"KV cache overflow: {self.length} cached + 1 new token > "
-                             f"capacity {self.capacity}; reset the cache or set it up with a "
-                             "larger max_len")
-        if self._run and self._run_start + self._run != self.length:
-            self._settle()  # the length moved another way since (a bare commit): a new run
-        if self._run == 0:
-            self._run_start = self.length
+        self._check_room(1)
         self._run += 1
         self.length += 1
+
+    def _check_room(self, t: int) -> None:
+        """``ValueError`` unless T more columns fit after the filled ones."""
+        if self.length + t > self.capacity:
+            raise ValueError(f"KV cache overflow: {self.length} cached + {t} new "
+                             f"token{'' if t == 1 else 's'} > capacity {self.capacity}; reset "
+                             "the cache or set it up with a larger max_len")
 
     def append_tokens(self, new_mask: Tensor | None, t: int | None = None
                       ) -> tuple[Tensor, int]:
@@ -193,11 +194,8 @@ class DecoderCache:
         if b != self.batch_size:
             raise ValueError(f"cache was set up for batch size {self.batch_size}; got {b}")
         self._settle()
+        self._check_room(t)
         start = self.length
-        if start + t > self.capacity:
-            raise ValueError(f"KV cache overflow: {start} cached + {t} new tokens > capacity "
-                             f"{self.capacity}; reset the cache or set it up with a larger "
-                             "max_len")
         if new_mask is None and t == 1:  # one real token per row: a decoding step
             positions = self._next_position[:, None].clone()  # (B, 1)
             self._key_mask[:, start] = True
@@ -238,6 +236,7 @@ class DecoderCache:
 
     def commit(self, t: int) -> None:
         """Mark T appended columns as filled, once every layer has written them."""
+        self._settle()  # a counted run's columns are the last filled ones
         self.length += t
 
     def nbytes(self) -> int:
