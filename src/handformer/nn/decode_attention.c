@@ -13,11 +13,12 @@
  *
  * Same bits on every path: the dot product runs in 16 lanes (lane l adds q[d]·k[d] for
  * d ≡ l mod 16, in order of d, a multiply then an add: no fused multiply-add anywhere), the
- * lanes fold in one fixed tree (l + 8, then + 4, + 2, + 1); the softmax runs in plain C in
- * order of j; the weighted sum adds p_j·v_j[d] per d in order of j. The AVX-512 path keeps
- * the 16 lanes in one register, AVX2 in two, the plain path in an array: every path does the
- * same float operations in the same order. Head dims that are not a multiple of 16 take the
- * plain path.
+ * lanes fold in one fixed tree (l + 8, then + 4, + 2, + 1); the softmax's exponentials are
+ * one plain-C polynomial and its sum adds in 16 lanes folded the same way; the weighted sum
+ * adds p_j·v_j[d] per d in order of j. The AVX-512 path keeps the 16 lanes in one register,
+ * AVX2 in two, the plain path in an array: every path does the same float operations in the
+ * same order. Head dims that are not a multiple of 16 take the plain dot product and weighted
+ * sum.
  *
  * Layout: out (n_seg, H, D) contiguous. Query head h of segment i lies at
  * q[q_base[i] + h · q_head_stride + d]; key d of head g at column c of segment i at
@@ -39,6 +40,11 @@ int hf_decode_best_isa(void) {
     return __builtin_cpu_supports("avx2") ? ISA_AVX2 : ISA_SCALAR;
 }
 
+/* Without trapping math the compiler may turn the clamps below into selects and so put the
+ * exponentials into vector code; the arithmetic itself is unchanged (no contraction). The
+ * loops that attend_* inline take it too (a function inlines only into one built alike). */
+#define VECTOR_SELECTS __attribute__((optimize("no-trapping-math", "fp-contract=off")))
+
 /* The lane fold every path shares: lane l + lane l+8, then +4, +2, +1. */
 static float fold16(const float *lane) {
     float a[8], b[4], c[2];
@@ -48,7 +54,7 @@ static float fold16(const float *lane) {
     return c[0] + c[1];
 }
 
-static float dot_scalar(const float *q, const float *k, int64_t d_len) {
+VECTOR_SELECTS static float dot_scalar(const float *q, const float *k, int64_t d_len) {
     float lane[16] = {0};
     for (int64_t d = 0; d < d_len; d++) {
         float product = q[d] * k[d];
@@ -57,8 +63,9 @@ static float dot_scalar(const float *q, const float *k, int64_t d_len) {
     return fold16(lane);
 }
 
-__attribute__((target("avx2"))) static float dot_avx2(const float *q, const float *k,
-                                                      int64_t d_len) {
+__attribute__((target("avx2"))) VECTOR_SELECTS static float dot_avx2(const float *q,
+                                                                     const float *k,
+                                                                     int64_t d_len) {
     __m256 lo = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(k));
     __m256 hi = _mm256_mul_ps(_mm256_loadu_ps(q + 8), _mm256_loadu_ps(k + 8));
     for (int64_t d = 16; d < d_len; d += 16) {
@@ -72,8 +79,9 @@ __attribute__((target("avx2"))) static float dot_avx2(const float *q, const floa
     return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));            /* + 1 */
 }
 
-__attribute__((target("avx512f"))) static float dot_avx512(const float *q, const float *k,
-                                                           int64_t d_len) {
+__attribute__((target("avx512f"))) VECTOR_SELECTS static float dot_avx512(const float *q,
+                                                                          const float *k,
+                                                                          int64_t d_len) {
     __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
     for (int64_t d = 16; d < d_len; d += 16)
         acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d)));
@@ -87,8 +95,8 @@ __attribute__((target("avx512f"))) static float dot_avx512(const float *q, const
 /* out[d] = Σ_j w[j] · v_j[d], added in order of j from 0 for every d (the lanes are the d's,
  * so every width adds alike). The vector paths keep up to 4 vectors of sums in registers and
  * go over the keys once per such chunk of D. */
-static void wsum_scalar(const float *w, const float *v0, int64_t n_keys, int64_t token_stride,
-                        int64_t d_len, float *out) {
+VECTOR_SELECTS static void wsum_scalar(const float *w, const float *v0, int64_t n_keys,
+                                       int64_t token_stride, int64_t d_len, float *out) {
     for (int64_t d = 0; d < d_len; d++) out[d] = 0.0f;
     for (int64_t j = 0; j < n_keys; j++) {
         const float *v = v0 + j * token_stride;
@@ -109,7 +117,7 @@ static void wsum_scalar(const float *w, const float *v0, int64_t n_keys, int64_t
     } while (0)
 
 #define WSUM(NAME, TARGET, VEC, W, ZERO, SET1, LOAD, STORE, MUL, ADD)                         \
-    __attribute__((target(TARGET))) static void NAME(                                         \
+    __attribute__((target(TARGET))) VECTOR_SELECTS static void NAME(                         \
         const float *w, const float *v0, int64_t n_keys, int64_t token_stride, int64_t d_len, \
         float *out) {                                                                         \
         for (int64_t d0 = 0; d0 < d_len; d0 += 4 * (W)) {                                     \
@@ -126,25 +134,6 @@ WSUM(wsum_avx2, "avx2", __m256, 8, _mm256_setzero_ps(), _mm256_set1_ps, _mm256_l
      _mm256_storeu_ps, _mm256_mul_ps, _mm256_add_ps)
 WSUM(wsum_avx512, "avx512f", __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps, _mm512_loadu_ps,
      _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps)
-
-typedef float (*dot_fn)(const float *, const float *, int64_t);
-typedef void (*wsum_fn)(const float *, const float *, int64_t, int64_t, int64_t, float *);
-
-/* The dot product and weighted sum of path `isa`; head dims that are not a multiple of 16
- * take the plain ones. */
-static void pick_loops(int isa, int64_t d_len, dot_fn *dot, wsum_fn *wsum) {
-    int vector_ok = d_len % 16 == 0;
-    *dot = !vector_ok ? dot_scalar : isa >= ISA_AVX512 ? dot_avx512
-                      : isa == ISA_AVX2              ? dot_avx2
-                                                     : dot_scalar;
-    *wsum = !vector_ok ? wsum_scalar : isa >= ISA_AVX512 ? wsum_avx512
-                       : isa == ISA_AVX2              ? wsum_avx2
-                                                      : wsum_scalar;
-}
-
-/* Without trapping math the compiler may turn the clamps below into selects and so put the
- * exponentials into vector code; the arithmetic itself is unchanged (no contraction). */
-#define VECTOR_SELECTS __attribute__((optimize("no-trapping-math", "fp-contract=off")))
 
 /* e^x in plain float arithmetic that the compiler turns into vector code (libm's expf is a
  * call per value): x = n·ln 2 + r with n = round(x / ln 2) (adding and subtracting 1.5·2^23
@@ -171,22 +160,60 @@ VECTOR_SELECTS static inline float exp_clamped(float x) {
     return p * two_n;
 }
 
-/* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. */
-VECTOR_SELECTS static void attend_head(const float *q, const float *k0, const float *v0,
-                                       int64_t n_keys, int64_t token_stride, int64_t d_len,
-                                       float scale, float *scratch, float *out, dot_fn dot,
-                                       wsum_fn wsum) {
-    float top = -INFINITY;
-    for (int64_t j = 0; j < n_keys; j++) {
-        float s = dot(q, k0 + j * token_stride, d_len) * scale;
-        scratch[j] = s;
-        top = s > top ? s : top;
+/* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. The
+ * largest score is found in 16 lanes (exact in any order) and the softmax's sum added in 16
+ * lanes (lane l takes the weights j ≡ l mod 16, in order of j, folded as the dot products
+ * are), so that both vectorise and every width adds alike. One copy per path, its own dot
+ * product and weighted sum inlined (pick_attend); the file itself is built for any x86-64,
+ * whose copy takes 4 floats at a time. */
+#define ATTEND_BODY(DOT, WSUM)                                                                \
+    {                                                                                         \
+        for (int64_t j = 0; j < n_keys; j++)                                                  \
+            scratch[j] = DOT(q, k0 + j * token_stride, d_len) * scale;                        \
+        float top_lane[16], lane[16] = {0};                                                   \
+        for (int l = 0; l < 16; l++) top_lane[l] = -INFINITY;                                 \
+        int64_t j = 0;                                                                        \
+        for (; j + 16 <= n_keys; j += 16)                                                     \
+            for (int l = 0; l < 16; l++)                                                      \
+                top_lane[l] = scratch[j + l] > top_lane[l] ? scratch[j + l] : top_lane[l];    \
+        for (int l = 0; j + l < n_keys; l++)                                                  \
+            top_lane[l] = scratch[j + l] > top_lane[l] ? scratch[j + l] : top_lane[l];        \
+        float top = -INFINITY;                                                                \
+        for (int l = 0; l < 16; l++) top = top_lane[l] > top ? top_lane[l] : top;             \
+        for (j = 0; j + 16 <= n_keys; j += 16) {                                              \
+            for (int l = 0; l < 16; l++) {                                                    \
+                float p = exp_clamped(scratch[j + l] - top);                                  \
+                scratch[j + l] = p;                                                           \
+                lane[l] += p;                                                                 \
+            }                                                                                 \
+        }                                                                                     \
+        for (int l = 0; j + l < n_keys; l++) {                                                \
+            float p = exp_clamped(scratch[j + l] - top);                                      \
+            scratch[j + l] = p;                                                               \
+            lane[l] += p;                                                                     \
+        }                                                                                     \
+        float total = fold16(lane);                                                           \
+        WSUM(scratch, v0, n_keys, token_stride, d_len, out);                                  \
+        for (int64_t d = 0; d < d_len; d++) out[d] = out[d] / total;                          \
     }
-    for (int64_t j = 0; j < n_keys; j++) scratch[j] = exp_clamped(scratch[j] - top);
-    float total = 0.0f;
-    for (int64_t j = 0; j < n_keys; j++) total += scratch[j]; /* in order of j */
-    wsum(scratch, v0, n_keys, token_stride, d_len, out);
-    for (int64_t d = 0; d < d_len; d++) out[d] = out[d] / total;
+
+#define ATTEND_ARGS                                                                           \
+    (const float *q, const float *k0, const float *v0, int64_t n_keys, int64_t token_stride,  \
+     int64_t d_len, float scale, float *scratch, float *out)
+
+VECTOR_SELECTS static void attend_plain ATTEND_ARGS ATTEND_BODY(dot_scalar, wsum_scalar)
+__attribute__((target("avx2"))) VECTOR_SELECTS static void attend_avx2 ATTEND_ARGS
+ATTEND_BODY(dot_avx2, wsum_avx2)
+__attribute__((target("avx512f"))) VECTOR_SELECTS static void attend_avx512 ATTEND_ARGS
+ATTEND_BODY(dot_avx512, wsum_avx512)
+
+typedef void (*attend_fn) ATTEND_ARGS;
+
+/* One head's attention on path `isa`; head dims that are not a multiple of 16 take the plain
+ * copy. */
+static attend_fn pick_attend(int isa, int64_t d_len) {
+    if (d_len % 16 != 0) return attend_plain;
+    return isa >= ISA_AVX512 ? attend_avx512 : isa == ISA_AVX2 ? attend_avx2 : attend_plain;
 }
 
 /* out (n_seg, H, D) contiguous = attention of each segment's query over its cached columns
@@ -201,16 +228,13 @@ int hf_decode_attention(int isa, const float *q, const int64_t *q_base, int64_t 
     for (int64_t i = 0; i < n_seg; i++) widest = keys[i] > widest ? keys[i] : widest;
     float *scratch = hf_take((size_t)widest * sizeof(float));
     if (scratch == NULL) return -1;
-    dot_fn dot;
-    wsum_fn wsum;
-    pick_loops(isa, d_len, &dot, &wsum);
+    attend_fn attend = pick_attend(isa, d_len);
     int64_t group = h_len / hkv_len;
     for (int64_t i = 0; i < n_seg; i++) {
         for (int64_t h = 0; h < h_len; h++) {
             const float *k0 = kv + base[i] + (h / group) * head_stride;
-            attend_head(q + q_base[i] + h * q_head_stride, k0, k0 + v_offset, keys[i],
-                        token_stride, d_len, scale, scratch, out + (i * h_len + h) * d_len, dot,
-                        wsum);
+            attend(q + q_base[i] + h * q_head_stride, k0, k0 + v_offset, keys[i], token_stride,
+                   d_len, scale, scratch, out + (i * h_len + h) * d_len);
         }
     }
     hf_give(scratch);

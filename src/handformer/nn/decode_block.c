@@ -14,11 +14,12 @@
  *     x1 = x + out_proj(a);    y = x1 + fc_out(act(fc_in(norm2(x1))))
  * with g = h / (H / Hkv). The products are int8_kernel.c's, called exactly as a one-row
  * hf_int8_linear (same grid, same integer, same bits); each head's attention is
- * decode_attention.c's attend_head (same bits). The norms and the activation are the same C
- * on every path, so the output's bits do not depend on the path either. norm: LayerNorm (mean
- * and variance in double, bias optional) or RMSNorm (x̂ rounded to float, then times the
- * gain, as nn/norm.py). act: GELU (erf or tanh form; erf, tanh and the exponential are
- * polynomials here and in decode_attention.c, within 2e-7), ReLU, ReLU², SwiGLU (fc_in's first F
+ * decode_attention.c's (its attend_* copy for the path, same bits). The norms and the
+ * activation are one C body copied per path (the same float operations in the same order),
+ * so the output's bits do not depend on the path either. norm: LayerNorm (mean and variance
+ * in double, bias optional) or RMSNorm (x̂ rounded to float, then times the gain, as
+ * nn/norm.py). act: GELU (erf or tanh form; erf, tanh and the exponential are polynomials
+ * here and in decode_attention.c, within 2e-7), ReLU, ReLU², SwiGLU (fc_in's first F
  * outputs are the gate, the next F the up projection).
  *
  * Layout: x and y (C) float32; the cache kv (2·Hkv, L, D) contiguous, keys in heads
@@ -59,31 +60,69 @@ struct hf_block {
 /* The block takes the product's paths (the attention's AVX-512 serves both 512-bit ones). */
 int hf_block_best_isa(void) { return hf_int8_best_isa(); }
 
-/* x (c) → out (c): LayerNorm (type NORM_LAYER; bias may be NULL) or RMSNorm, as the header
- * says; a block's two norms and the model's final one. */
-static void norm_row(int32_t type, int64_t c, float eps, const float *x, const float *w,
-                     const float *bias, float *out) {
-    if (type == NORM_RMS) {
-        double ss = 0.0;
-        for (int64_t i = 0; i < c; i++) ss += (double)x[i] * (double)x[i];
-        float inv = (float)(1.0 / sqrt(ss / (double)c + (double)eps));
-        for (int64_t i = 0; i < c; i++) out[i] = (x[i] * inv) * w[i];
-        return;
-    }
-    double sum = 0.0;
-    for (int64_t i = 0; i < c; i++) sum += x[i];
-    double mean = sum / (double)c, var = 0.0;
-    for (int64_t i = 0; i < c; i++) var += ((double)x[i] - mean) * ((double)x[i] - mean);
-    double rstd = 1.0 / sqrt(var / (double)c + (double)eps);
-    for (int64_t i = 0; i < c; i++) {
-        float v = (float)(((double)x[i] - mean) * rstd) * w[i];
-        out[i] = bias != NULL ? v + bias[i] : v;
-    }
+/* The fold of 8 double lanes every norm copy shares: lane l + lane l+4, then +2, +1. */
+static double fold8(const double *lane) {
+    double a[4];
+    for (int l = 0; l < 4; l++) a[l] = lane[l] + lane[l + 4];
+    return (a[0] + a[2]) + (a[1] + a[3]);
 }
 
-static void norm(const struct hf_block *b, const float *x, const float *w, const float *bias,
-                 float *out) {
-    norm_row(b->norm_type, b->d_model, b->eps, x, w, bias, out);
+/* x (c) → out (c): LayerNorm (type NORM_LAYER; bias may be NULL) or RMSNorm, as the header
+ * says; a block's two norms and the model's final one. Each sum over x runs in 8 double
+ * lanes (lane l takes the entries i ≡ l mod 8, in order of i) folded by fold8, so that it
+ * vectorises and every copy adds alike: one copy per path (norm_row), as the activation. */
+#define NORM_BODY                                                                             \
+    {                                                                                         \
+        double lane[8] = {0};                                                                 \
+        int64_t i = 0;                                                                        \
+        if (type == NORM_RMS) {                                                               \
+            for (; i + 8 <= c; i += 8)                                                        \
+                for (int l = 0; l < 8; l++) lane[l] += (double)x[i + l] * (double)x[i + l];   \
+            for (int l = 0; i + l < c; l++) lane[l] += (double)x[i + l] * (double)x[i + l];   \
+            float inv = (float)(1.0 / sqrt(fold8(lane) / (double)c + (double)eps));           \
+            for (i = 0; i < c; i++) out[i] = (x[i] * inv) * w[i];                             \
+            return;                                                                           \
+        }                                                                                     \
+        for (; i + 8 <= c; i += 8)                                                            \
+            for (int l = 0; l < 8; l++) lane[l] += (double)x[i + l];                          \
+        for (int l = 0; i + l < c; l++) lane[l] += (double)x[i + l];                          \
+        double mean = fold8(lane) / (double)c;                                                \
+        for (int l = 0; l < 8; l++) lane[l] = 0.0;                                            \
+        for (i = 0; i + 8 <= c; i += 8)                                                       \
+            for (int l = 0; l < 8; l++)                                                       \
+                lane[l] += ((double)x[i + l] - mean) * ((double)x[i + l] - mean);             \
+        for (int l = 0; i + l < c; l++)                                                       \
+            lane[l] += ((double)x[i + l] - mean) * ((double)x[i + l] - mean);                 \
+        double rstd = 1.0 / sqrt(fold8(lane) / (double)c + (double)eps);                      \
+        for (i = 0; i < c; i++) {                                                             \
+            float v = (float)(((double)x[i] - mean) * rstd) * w[i];                           \
+            out[i] = bias != NULL ? v + bias[i] : v;                                          \
+        }                                                                                     \
+    }
+
+#define NORM_ARGS                                                                             \
+    (int32_t type, int64_t c, float eps, const float *x, const float *w, const float *bias,  \
+     float *out)
+
+static void norm_plain NORM_ARGS NORM_BODY
+__attribute__((target("avx2"))) static void norm_avx2 NORM_ARGS NORM_BODY
+__attribute__((target("avx512f,avx512bw,avx512dq"))) static void norm_avx512 NORM_ARGS
+NORM_BODY
+
+/* The norm's copy for product path `isa` (int8_kernel.c's ISA_* values). */
+static void norm_row(int isa, int32_t type, int64_t c, float eps, const float *x,
+                     const float *w, const float *bias, float *out) {
+    if (isa >= ISA_AVX512)
+        norm_avx512(type, c, eps, x, w, bias, out);
+    else if (isa == ISA_AVX2)
+        norm_avx2(type, c, eps, x, w, bias, out);
+    else
+        norm_plain(type, c, eps, x, w, bias, out);
+}
+
+static void norm(int isa, const struct hf_block *b, const float *x, const float *w,
+                 const float *bias, float *out) {
+    norm_row(isa, b->norm_type, b->d_model, b->eps, x, w, bias, out);
 }
 
 /* y (N) = x (K) · (q · scale)ᵀ + bias: hf_int8_linear's one row, in the step's scratch. */
@@ -172,11 +211,9 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     int16_t *xq = (int16_t *)mem; /* each product's input grid, 64-byte aligned */
     float *h = (float *)(mem + xq_bytes), *x1 = h + c, *qkv = x1 + c, *att = qkv + b->in_proj.n;
     float *f = att + b->out_proj.k, *g = f + b->fc_in.n, *scores = g + b->fc_out.k;
-    dot_fn dot;
-    wsum_fn wsum;
-    pick_loops(isa, d, &dot, &wsum); /* both 512-bit product paths take its AVX-512 */
+    attend_fn attend = pick_attend(isa, d); /* both 512-bit product paths take its AVX-512 */
 
-    norm(b, x, b->norm1_w, b->norm1_b, h);
+    norm(isa, b, x, b->norm1_w, b->norm1_b, h);
     product(isa, &b->in_proj, h, xq, qkv); /* H query heads, Hkv key heads, Hkv value heads */
     int64_t head_stride = cap * d;
     for (int64_t g2 = 0; g2 < 2 * hkv; g2++) {
@@ -187,12 +224,12 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     int64_t group = h_len / hkv;
     for (int64_t hd = 0; hd < h_len; hd++) {
         const float *k0 = kv + (hd / group) * head_stride;
-        attend_head(qkv + hd * d, k0, k0 + hkv * head_stride, t + 1, d, d, b->attn_scale, scores,
-                    att + hd * d, dot, wsum);
+        attend(qkv + hd * d, k0, k0 + hkv * head_stride, t + 1, d, d, b->attn_scale, scores,
+               att + hd * d);
     }
     product(isa, &b->out_proj, att, xq, x1);
     for (int64_t i = 0; i < c; i++) x1[i] = x[i] + x1[i];
-    norm(b, x1, b->norm2_w, b->norm2_b, h);
+    norm(isa, b, x1, b->norm2_w, b->norm2_b, h);
     product(isa, &b->fc_in, h, xq, f);
     activate(isa, b->activation, f, b->fc_out.k, g);
     product(isa, &b->fc_out, g, xq, y);
@@ -257,7 +294,7 @@ int hf_decode_token(int isa, int64_t n, const struct hf_block *const *blocks,
         for (int64_t i = 0; i < c; i++) x[i] = tok[i];
     }
     if (hf_decode_stack(isa, n, blocks, kvs, caps, t, x, work, y) != 0) return -1;
-    norm_row(e->norm_type, c, e->eps, y, e->norm_w, e->norm_b, x);
+    norm_row(isa, e->norm_type, c, e->eps, y, e->norm_w, e->norm_b, x);
     product(isa, &e->head, x, xq, logits);
     return 0;
 }
