@@ -185,6 +185,29 @@ def test_every_path_gives_the_same_bits(activation: str,
         assert torch.equal(logits, first[0]) and torch.equal(kv, first[1]), name
 
 
+@pytest.mark.parametrize("norm_type", ["layernorm", "rmsnorm"])
+def test_every_path_gives_the_same_bits_at_a_width_off_the_lanes(
+        norm_type: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The norms add in 8 double lanes, one copy per path: a width of 52 leaves 4 entries
+    past the last full set of lanes (and a head dim of 13 sends the attention to its plain
+    copy on every path)."""
+    model = _model(d_model=52, n_heads=4, norm_type=norm_type)
+    lib = decode_block._LIB
+    lib.lib()
+    spy = _Spy(monkeypatch)
+    outs = {}
+    for level in range(lib.best + 1):
+        monkeypatch.setattr(lib, "default", level)
+        outs[ISA_NAMES[level]] = _steps(model)
+    assert spy.tokens == 12 * (lib.best + 1)  # every step was the one C call
+    first = next(iter(outs.values()))
+    for name, (logits, kv) in outs.items():
+        assert torch.equal(logits, first[0]) and torch.equal(kv, first[1]), name
+    with decode_block.disabled():
+        ref, _ = _steps(model)
+    assert float((first[0] - ref).abs().max()) <= REL * float(ref.abs().max())
+
+
 @pytest.mark.parametrize(("overrides", "new"), [(dict(n_layers=3), 40),
                                                  (dict(max_len=12), 30)],
                          ids=["within the window", "past the window"])
