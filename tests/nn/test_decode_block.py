@@ -165,6 +165,18 @@ def test_one_block_output_and_cache_column_match() -> None:
     assert torch.equal(kv.kv[..., 7:, :], twin.kv[..., 7:, :])  # nothing written past it
 
 
+def _steps_on_every_path(model: DecoderLM, monkeypatch: pytest.MonkeyPatch
+                         ) -> dict[str, tuple[Tensor, Tensor]]:
+    """``_steps`` of ``model`` once on every path this CPU runs, by the path's name."""
+    lib = decode_block._LIB
+    lib.lib()
+    outs = {}
+    for level in range(lib.best + 1):
+        monkeypatch.setattr(lib, "default", level)
+        outs[ISA_NAMES[level]] = _steps(model)
+    return outs
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "relu", "relu2", "swiglu"])
 def test_every_path_gives_the_same_bits(activation: str,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
@@ -174,12 +186,7 @@ def test_every_path_gives_the_same_bits(activation: str,
     model = _model(n_kv_heads=2, activation=activation, d_ff=100)
     for block in model.blocks:
         block.ffn.fc_in.scale.mul_(30.0)
-    lib = decode_block._LIB
-    lib.lib()
-    outs = {}
-    for level in range(lib.best + 1):
-        monkeypatch.setattr(lib, "default", level)
-        outs[ISA_NAMES[level]] = _steps(model)
+    outs = _steps_on_every_path(model, monkeypatch)
     first = next(iter(outs.values()))
     for name, (logits, kv) in outs.items():
         assert torch.equal(logits, first[0]) and torch.equal(kv, first[1]), name
@@ -192,14 +199,9 @@ def test_every_path_gives_the_same_bits_at_a_width_off_the_lanes(
     past the last full set of lanes (and a head dim of 13 sends the attention to its plain
     copy on every path)."""
     model = _model(d_model=52, n_heads=4, norm_type=norm_type)
-    lib = decode_block._LIB
-    lib.lib()
     spy = _Spy(monkeypatch)
-    outs = {}
-    for level in range(lib.best + 1):
-        monkeypatch.setattr(lib, "default", level)
-        outs[ISA_NAMES[level]] = _steps(model)
-    assert spy.tokens == 12 * (lib.best + 1)  # every step was the one C call
+    outs = _steps_on_every_path(model, monkeypatch)
+    assert spy.tokens == 12 * len(outs)  # every step was the one C call
     first = next(iter(outs.values()))
     for name, (logits, kv) in outs.items():
         assert torch.equal(logits, first[0]) and torch.equal(kv, first[1]), name
