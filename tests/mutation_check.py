@@ -207,18 +207,18 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "decode_gqa_head_wrong", "nn/decode_attention.c",
-        "const float *k0 = kv + base[i] + (h / group) * head_stride;",
-        "const float *k0 = kv + base[i] + (h % hkv_len) * head_stride;",
+        "k + (h / group) * head_stride, d_len) * scale;",
+        "k + (h % (h_len / group)) * head_stride, d_len) * scale;",
         ("tests/nn/test_decode_attention.py",),
         "the C decoding attention gives query head h the key/value head h mod Hkv, not h / G",
     ),
     Mutant(
         "decode_avx512_fold_reordered", "nn/decode_attention.c",
         "    __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));\n"
-        "    return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));\n}\n\n/* out[d]",
+        "    return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));\n}\n\n/* acc[d]",
         "    return (_mm_cvtss_f32(b) + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 1)))\n"
         "           + (_mm_cvtss_f32(_mm_shuffle_ps(b, b, 2))\n"
-        "              + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 3)));\n}\n\n/* out[d]",
+        "              + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 3)));\n}\n\n/* acc[d]",
         ("tests/nn/test_decode_attention.py",),
         "the C decoding attention's AVX-512 path folds its lanes in another order than the "
         "others (right to within rounding, but no longer the same bits on every CPU)",
@@ -239,8 +239,8 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "decode_block_own_key_left_out", "nn/decode_block.c",
-        "k0 + hkv * head_stride, t + 1, d, d,",
-        "k0 + hkv * head_stride, t > 0 ? t : 1, d, d,",
+        "k0, v0, t + 1, row, d,",
+        "k0, v0, t > 0 ? t : 1, row, d,",
         ("tests/nn/test_decode_block.py",),
         "the block kernel writes the token's key and value but attends only to the earlier ones",
     ),

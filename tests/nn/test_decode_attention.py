@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from handformer.nn import decode_attention as decode
 from handformer.nn.attention import _manual_attention, attention
+from handformer.nn.kv_cache import KVCache
 from tests.nn.native_run import run_python
 
 pytestmark = pytest.mark.skipif(decode.decode_status() is not None,
@@ -37,10 +38,15 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor
     return out
 
 
-def cache_views(b: int, hkv: int, capacity: int, s: int, d: int
+def cache_views(b: int, hkv: int, capacity: int, s: int, d: int, *, by_column: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values as ``KVCache.update`` returns them: views of one (B, 2·Hkv, L, D)
-    buffer, the first S columns."""
+    """The first S columns of a cache's keys and values: as ``KVCache`` holds them (one
+    buffer, keys then values, each column by column: strided views), or ``by_column=False``
+    head by head (one (B, 2·Hkv, L, D) buffer) — the loop reads any strides."""
+    if by_column:
+        cache = KVCache(b, hkv, capacity, d)
+        cache.buffer.normal_()
+        return cache.k[:, :, :s], cache.v[:, :, :s]
     kv = torch.randn(b, 2 * hkv, capacity, d)
     return kv[:, :hkv, :s], kv[:, hkv:, :s]
 
@@ -54,7 +60,8 @@ def test_one_row_over_a_cache_equals_the_reference_on_every_path_with_the_same_b
     sums on the vector paths; the scale of the scores moves the softmax from flat to sharp."""
     torch.manual_seed(data.draw(st.integers(0, 2**16)))
     h, hkv = heads
-    k, v = cache_views(b, hkv, s + data.draw(st.integers(0, 5)), s, d)
+    k, v = cache_views(b, hkv, s + data.draw(st.integers(0, 5)), s, d,
+                       by_column=data.draw(st.booleans()))
     q = torch.randn(b, h, 1, d) * data.draw(st.sampled_from([0.1, 1.0, 8.0]))
     want = reference(q, k, v)
     outs = [decode.decode_attention(q, k, v, isa=isa) for isa in paths()]

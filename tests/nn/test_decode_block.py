@@ -53,7 +53,7 @@ def _steps(model: DecoderLM, n: int = 12) -> tuple[Tensor, Tensor]:
         for i in range(n):
             out.append(model(torch.tensor([[(7 * i + 3) % model.config.vocab_size]]),
                              cache=cache)[0, -1])
-        return torch.stack(out), cache.layers[0].kv[..., : 5 + n, :].clone()
+        return torch.stack(out), cache.layers[0].buffer[:, :, : 5 + n].clone()
 
 
 class _Spy:
@@ -152,17 +152,17 @@ def test_one_block_output_and_cache_column_match() -> None:
     torch.manual_seed(2)
     x = torch.randn(1, 1, 64)
     kv = KVCache(1, 2, 9, 16)
-    kv.kv[..., :6, :] = torch.randn(1, 4, 6, 16)
+    kv.buffer[:, :, :6] = torch.randn(1, 2, 6, 2, 16)  # (B, 2, L, Hkv, D)
     twin = KVCache(1, 2, 9, 16)
-    twin.kv.copy_(kv.kv)
+    twin.buffer.copy_(kv.buffer)
     with torch.inference_mode():
         y = block(x, cache=kv, cache_start=6)
         with decode_block.disabled():
             y_ref = block(x, cache=twin, cache_start=6)
     assert float((y - y_ref).abs().max()) <= REL * float(y_ref.abs().max())
-    assert float((kv.kv[..., 6, :] - twin.kv[..., 6, :]).abs().max()) <= REL * float(
-        twin.kv[..., 6, :].abs().max())
-    assert torch.equal(kv.kv[..., 7:, :], twin.kv[..., 7:, :])  # nothing written past it
+    assert float((kv.buffer[:, :, 6] - twin.buffer[:, :, 6]).abs().max()) <= REL * float(
+        twin.buffer[:, :, 6].abs().max())
+    assert torch.equal(kv.buffer[:, :, 7:], twin.buffer[:, :, 7:])  # nothing written past it
 
 
 def _steps_on_every_path(model: DecoderLM, monkeypatch: pytest.MonkeyPatch

@@ -115,14 +115,15 @@ def test_a_packed_model_saves_loads_and_copies_like_any(tmp_path: object) -> Non
 
 def test_a_cpu_decoder_cache_lays_its_layers_back_to_back() -> None:
     cache = DecoderCache(3, 1, 4, 1024, 64)  # 3 layers of 2 MiB of float32
-    ptrs = [layer.kv.data_ptr() for layer in cache.layers]
+    ptrs = [layer.buffer.data_ptr() for layer in cache.layers]
     assert ptrs[0] % huge_pages.HUGE_PAGE == 0
     assert ptrs[1] - ptrs[0] == ptrs[2] - ptrs[1] == 2 * MIB
-    assert all(float(layer.kv.abs().sum()) == 0.0 for layer in cache.layers)
+    assert all(float(layer.buffer.abs().sum()) == 0.0 for layer in cache.layers)
     cache.layers[1].update(torch.ones(1, 8, 2, 64), 5)
-    assert float(cache.layers[1].kv.sum()) == 8 * 2 * 64 and float(cache.layers[0].kv.sum()) == 0
+    assert float(cache.layers[1].buffer.sum()) == 8 * 2 * 64
+    assert float(cache.layers[0].buffer.sum()) == 0
     small = DecoderCache(2, 1, 2, 16, 8)  # under one huge page: torch's own zeros
-    assert small.layers[0].kv.untyped_storage().nbytes() == 2 * 2 * 16 * 8 * 4
+    assert small.layers[0].buffer.untyped_storage().nbytes() == 2 * 2 * 16 * 8 * 4
     with pytest.raises(ValueError, match="KV buffer of shape"):
         KVCache(1, 2, 16, 8, buffer=torch.zeros(1, 4, 15, 8))
 
@@ -137,4 +138,4 @@ def test_a_mapping_the_system_refuses_leaves_torch_memory(monkeypatch: pytest.Mo
     q = _qweights(model)[0]
     assert q.untyped_storage().nbytes() == q.numel()
     cache = DecoderCache(3, 1, 4, 1024, 64)
-    assert cache.layers[0].kv.untyped_storage().nbytes() == 4 * 8 * 1024 * 64
+    assert cache.layers[0].buffer.untyped_storage().nbytes() == 4 * 8 * 1024 * 64

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from handformer.models.decoder_lm import DecoderLM
-from handformer.nn.kv_cache import DecoderCache
+from handformer.nn.kv_cache import DecoderCache, KVCache
 from tests.conftest import tiny_config
 
 POSITIONALS = ["sinusoidal", "learned", "rope", "alibi"]
@@ -23,7 +23,7 @@ def _state(cache: DecoderCache) -> tuple:
     n = cache.length
     return (n, cache.has_padding, cache.next_position.tolist(),
             cache.key_mask[:, :n].tolist(), cache.key_positions[:, :n].tolist(),
-            [layer.kv[:, :, :n].clone() for layer in cache.layers])
+            [layer.buffer[:, :, :n].clone() for layer in cache.layers])
 
 
 def _assert_same_state(a: DecoderCache, b: DecoderCache, atol: float = 0.0) -> None:
@@ -169,3 +169,21 @@ def test_decoded_tokens_read_outside_the_mode_they_were_decoded_in(
     else:
         positions, start = cache.append_tokens(None, 2)
     assert start == 3 and positions.tolist() == [[3, 4]]
+
+
+def test_the_filled_keys_and_values_are_one_run_of_memory_each() -> None:
+    """Column by column: whatever the fill, a step's keys (every head) are the buffer's first
+    S·Hkv·D floats and its values the first of the second half, each in column order — so a
+    decoding step streams two runs, not one per head; ``update`` writes what it was given."""
+    cache = KVCache(2, 3, 10, 4)  # B 2, Hkv 3, L 10, D 4
+    torch.manual_seed(0)
+    first, more = torch.randn(2, 6, 5, 4), torch.randn(2, 6, 2, 4)  # (B, 2·Hkv, T, D)
+    cache.update(first, 0)
+    k, v = cache.update(more, 5)  # (B, Hkv, 7, D) each
+    written = torch.cat([first, more], dim=2)  # (B, 2·Hkv, 7, D)
+    assert torch.equal(k, written[:, :3]) and torch.equal(v, written[:, 3:])
+    assert k.stride()[1:] == (4, 3 * 4, 1) and v.stride() == k.stride()  # (Hkv, S, D) strides
+    assert k.data_ptr() == cache.buffer.data_ptr()
+    assert v.data_ptr() - k.data_ptr() == 10 * 3 * 4 * k.element_size()  # after all L columns
+    assert torch.equal(cache.buffer[:, 0, :7], written[:, :3].transpose(1, 2))  # (B, S, Hkv, D)
+    assert torch.count_nonzero(cache.buffer[:, :, 7:]) == 0  # nothing past the written columns

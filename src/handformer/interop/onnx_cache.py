@@ -16,7 +16,7 @@ model's own ``forward`` — no second copy of the layers — with this cache pas
 
 Shape legend: ``L`` layers, ``B`` batch, ``Hkv`` key/value heads, ``P`` past tokens, ``T`` new
 tokens, ``D`` head dim, ``V`` vocabulary. ``past`` is (L, B, 2·Hkv, P, D): each layer's keys
-in heads [0, Hkv) and values in [Hkv, 2·Hkv), the layout ``KVCache`` stores.
+in heads [0, Hkv) and values in [Hkv, 2·Hkv), the order ``KVCache.update`` takes.
 """
 
 from __future__ import annotations

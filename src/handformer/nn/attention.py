@@ -404,7 +404,7 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x: Tensor, context: Tensor | None) -> tuple[Tensor, Tensor]:
         """Queries from ``x``, keys and values from ``context`` (default: ``x``), split into
         heads: q (B, H, T, D) and kv (B, 2·Hkv, S_new, D), the Hkv key heads first, then the
-        Hkv value heads — the layout ``KVCache`` stores."""
+        Hkv value heads — what ``KVCache.update`` takes."""
         c, h, hkv, d = self.d_model, self.n_heads, self.n_kv_heads, self.head_dim
         if context is None:
             b, t, _ = x.shape

@@ -4,7 +4,8 @@
  * Why by hand: a decoding step's attention reads every cached key and value once and does
  * little arithmetic on them (one query row), so it is bound by how fast the cache streams
  * in. A general attention kernel built for query blocks spends more than that stream here;
- * this loop reads each head's keys once (the scores), then its values once (the weighted sum).
+ * this loop reads the keys once (every head's scores), then the values once (every head's
+ * weighted sum).
  *
  * Per segment (one request: its query row and its keys) and query head h, over its keys j:
  *     s_j = (q_h · k_j) · scale,   p_j = exp(s_j − max s),   out_h = Σ p_j v_j / Σ p_j
@@ -92,48 +93,30 @@ __attribute__((target("avx512f"))) VECTOR_SELECTS static float dot_avx512(const 
     return _mm_cvtss_f32(c) + _mm_cvtss_f32(_mm_shuffle_ps(c, c, 1));
 }
 
-/* out[d] = Σ_j w[j] · v_j[d], added in order of j from 0 for every d (the lanes are the d's,
- * so every width adds alike). The vector paths keep up to 4 vectors of sums in registers and
- * go over the keys once per such chunk of D. */
-VECTOR_SELECTS static void wsum_scalar(const float *w, const float *v0, int64_t n_keys,
-                                       int64_t token_stride, int64_t d_len, float *out) {
-    for (int64_t d = 0; d < d_len; d++) out[d] = 0.0f;
-    for (int64_t j = 0; j < n_keys; j++) {
-        const float *v = v0 + j * token_stride;
-        for (int64_t d = 0; d < d_len; d++) out[d] += w[j] * v[d];
-    }
+/* acc[d] += p · v[d] for every d: one key's share of a head's weighted sum. Each head's sums
+ * live in `out` (a few KB, in L1) while the keys stream past, so that every head is served
+ * by one pass over the values; each d adds in order of the keys, a multiply then an add, on
+ * every path. */
+VECTOR_SELECTS static inline void wrow_scalar(float p, const float *v, int64_t d_len,
+                                              float *acc) {
+    for (int64_t d = 0; d < d_len; d++) acc[d] = acc[d] + p * v[d];
 }
 
-#define WSUM_CHUNK(VEC, W, NV, ZERO, SET1, LOAD, STORE, MUL, ADD)                             \
-    do {                                                                                      \
-        VEC acc[NV];                                                                          \
-        for (int u = 0; u < (NV); u++) acc[u] = ZERO;                                         \
-        for (int64_t j = 0; j < n_keys; j++) {                                                \
-            const float *v = v0 + j * token_stride + d0;                                      \
-            VEC p = SET1(w[j]);                                                               \
-            for (int u = 0; u < (NV); u++) acc[u] = ADD(acc[u], MUL(p, LOAD(v + u * (W))));   \
-        }                                                                                     \
-        for (int u = 0; u < (NV); u++) STORE(out + d0 + u * (W), acc[u]);                     \
-    } while (0)
+__attribute__((target("avx2"))) VECTOR_SELECTS static inline void wrow_avx2(
+    float p, const float *v, int64_t d_len, float *acc) {
+    __m256 w = _mm256_set1_ps(p);
+    for (int64_t d = 0; d < d_len; d += 8)
+        _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_loadu_ps(acc + d),
+                                                _mm256_mul_ps(w, _mm256_loadu_ps(v + d))));
+}
 
-#define WSUM(NAME, TARGET, VEC, W, ZERO, SET1, LOAD, STORE, MUL, ADD)                         \
-    __attribute__((target(TARGET))) VECTOR_SELECTS static void NAME(                         \
-        const float *w, const float *v0, int64_t n_keys, int64_t token_stride, int64_t d_len, \
-        float *out) {                                                                         \
-        for (int64_t d0 = 0; d0 < d_len; d0 += 4 * (W)) {                                     \
-            switch ((d_len - d0) / (W)) {                                                     \
-            case 1: WSUM_CHUNK(VEC, W, 1, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
-            case 2: WSUM_CHUNK(VEC, W, 2, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
-            case 3: WSUM_CHUNK(VEC, W, 3, ZERO, SET1, LOAD, STORE, MUL, ADD); break;          \
-            default: WSUM_CHUNK(VEC, W, 4, ZERO, SET1, LOAD, STORE, MUL, ADD); break;         \
-            }                                                                                 \
-        }                                                                                     \
-    }
-
-WSUM(wsum_avx2, "avx2", __m256, 8, _mm256_setzero_ps(), _mm256_set1_ps, _mm256_loadu_ps,
-     _mm256_storeu_ps, _mm256_mul_ps, _mm256_add_ps)
-WSUM(wsum_avx512, "avx512f", __m512, 16, _mm512_setzero_ps(), _mm512_set1_ps, _mm512_loadu_ps,
-     _mm512_storeu_ps, _mm512_mul_ps, _mm512_add_ps)
+__attribute__((target("avx512f"))) VECTOR_SELECTS static inline void wrow_avx512(
+    float p, const float *v, int64_t d_len, float *acc) {
+    __m512 w = _mm512_set1_ps(p);
+    for (int64_t d = 0; d < d_len; d += 16)
+        _mm512_storeu_ps(acc + d, _mm512_add_ps(_mm512_loadu_ps(acc + d),
+                                                _mm512_mul_ps(w, _mm512_loadu_ps(v + d))));
+}
 
 /* e^x in plain float arithmetic that the compiler turns into vector code (libm's expf is a
  * call per value): x = n·ln 2 + r with n = round(x / ln 2) (adding and subtracting 1.5·2^23
@@ -160,57 +143,82 @@ VECTOR_SELECTS static inline float exp_clamped(float x) {
     return p * two_n;
 }
 
-/* One segment's query head: scores into `scratch`, softmax, weighted sum of the values. The
- * largest score is found in 16 lanes (exact in any order) and the softmax's sum added in 16
- * lanes (lane l takes the weights j ≡ l mod 16, in order of j, folded as the dot products
- * are), so that both vectorise and every width adds alike. One copy per path, its own dot
- * product and weighted sum inlined (pick_attend); the file itself is built for any x86-64,
- * whose copy takes 4 floats at a time. */
-#define ATTEND_BODY(DOT, WSUM)                                                                \
+/* One segment's query heads, all at once: every head's scores into `scratch` (H rows of
+ * n_keys, then the H softmax sums), each head's softmax, then every head's weighted sum of the
+ * values into `out` (H, D). The keys and values are read in order of columns, each column's
+ * heads together, so that a cache laid out column by column (nn/kv_cache.py) streams in as
+ * one run instead of one run per head: memory's prefetchers ramp up once per pass, not once
+ * per head, and fetch nothing past a head's last column. The largest score is found in 16
+ * lanes (exact in any order) and the softmax's sum added in 16 lanes (lane l takes the
+ * weights j ≡ l mod 16, in order of j, folded as the dot products are), so that both
+ * vectorise and every width adds alike. One copy per path, its own dot product and weighted
+ * sum inlined (pick_attend); the file itself is built for any x86-64, whose copy takes 4
+ * floats at a time. */
+#define ATTEND_BODY(DOT, WROW)                                                                \
     {                                                                                         \
-        for (int64_t j = 0; j < n_keys; j++)                                                  \
-            scratch[j] = DOT(q, k0 + j * token_stride, d_len) * scale;                        \
-        float top_lane[16], lane[16] = {0};                                                   \
-        for (int l = 0; l < 16; l++) top_lane[l] = -INFINITY;                                 \
-        int64_t j = 0;                                                                        \
-        for (; j + 16 <= n_keys; j += 16)                                                     \
-            for (int l = 0; l < 16; l++)                                                      \
-                top_lane[l] = scratch[j + l] > top_lane[l] ? scratch[j + l] : top_lane[l];    \
-        for (int l = 0; j + l < n_keys; l++)                                                  \
-            top_lane[l] = scratch[j + l] > top_lane[l] ? scratch[j + l] : top_lane[l];        \
-        float top = -INFINITY;                                                                \
-        for (int l = 0; l < 16; l++) top = top_lane[l] > top ? top_lane[l] : top;             \
-        for (j = 0; j + 16 <= n_keys; j += 16) {                                              \
-            for (int l = 0; l < 16; l++) {                                                    \
-                float p = exp_clamped(scratch[j + l] - top);                                  \
-                scratch[j + l] = p;                                                           \
+        float *totals = scratch + h_len * n_keys;                                             \
+        for (int64_t j = 0; j < n_keys; j++) {                                                \
+            const float *k = k0 + j * token_stride;                                           \
+            for (int64_t h = 0; h < h_len; h++)                                               \
+                scratch[h * n_keys + j] =                                                     \
+                    DOT(q + h * q_head_stride, k + (h / group) * head_stride, d_len) * scale; \
+        }                                                                                     \
+        for (int64_t h = 0; h < h_len; h++) {                                                 \
+            float *s = scratch + h * n_keys;                                                  \
+            float top_lane[16], lane[16] = {0};                                               \
+            for (int l = 0; l < 16; l++) top_lane[l] = -INFINITY;                             \
+            int64_t j = 0;                                                                    \
+            for (; j + 16 <= n_keys; j += 16)                                                 \
+                for (int l = 0; l < 16; l++)                                                  \
+                    top_lane[l] = s[j + l] > top_lane[l] ? s[j + l] : top_lane[l];            \
+            for (int l = 0; j + l < n_keys; l++)                                              \
+                top_lane[l] = s[j + l] > top_lane[l] ? s[j + l] : top_lane[l];                \
+            float top = -INFINITY;                                                            \
+            for (int l = 0; l < 16; l++) top = top_lane[l] > top ? top_lane[l] : top;         \
+            for (j = 0; j + 16 <= n_keys; j += 16) {                                          \
+                for (int l = 0; l < 16; l++) {                                                \
+                    float p = exp_clamped(s[j + l] - top);                                    \
+                    s[j + l] = p;                                                             \
+                    lane[l] += p;                                                             \
+                }                                                                             \
+            }                                                                                 \
+            for (int l = 0; j + l < n_keys; l++) {                                            \
+                float p = exp_clamped(s[j + l] - top);                                        \
+                s[j + l] = p;                                                                 \
                 lane[l] += p;                                                                 \
             }                                                                                 \
+            totals[h] = fold16(lane);                                                         \
         }                                                                                     \
-        for (int l = 0; j + l < n_keys; l++) {                                                \
-            float p = exp_clamped(scratch[j + l] - top);                                      \
-            scratch[j + l] = p;                                                               \
-            lane[l] += p;                                                                     \
+        for (int64_t i = 0; i < h_len * d_len; i++) out[i] = 0.0f;                            \
+        for (int64_t j = 0; j < n_keys; j++) {                                                \
+            const float *v = v0 + j * token_stride;                                           \
+            for (int64_t h = 0; h < h_len; h++)                                               \
+                WROW(scratch[h * n_keys + j], v + (h / group) * head_stride, d_len,           \
+                     out + h * d_len);                                                        \
         }                                                                                     \
-        float total = fold16(lane);                                                           \
-        WSUM(scratch, v0, n_keys, token_stride, d_len, out);                                  \
-        for (int64_t d = 0; d < d_len; d++) out[d] = out[d] / total;                          \
+        for (int64_t h = 0; h < h_len; h++)                                                   \
+            for (int64_t d = 0; d < d_len; d++)                                               \
+                out[h * d_len + d] = out[h * d_len + d] / totals[h];                          \
     }
 
+/* q: query head h at q + h · q_head_stride; key d of head g at column j at
+ * k0[j · token_stride + g · head_stride + d], values the same from v0; query head h reads
+ * key/value head h / group. scratch: H · (n_keys + 1) floats. out: (H, D) contiguous. */
 #define ATTEND_ARGS                                                                           \
-    (const float *q, const float *k0, const float *v0, int64_t n_keys, int64_t token_stride,  \
-     int64_t d_len, float scale, float *scratch, float *out)
+    (const float *q, int64_t q_head_stride, const float *k0, const float *v0, int64_t n_keys, \
+     int64_t token_stride, int64_t head_stride, int64_t h_len, int64_t group, int64_t d_len,  \
+     float scale, float *scratch, float *out)
 
-VECTOR_SELECTS static void attend_plain ATTEND_ARGS ATTEND_BODY(dot_scalar, wsum_scalar)
+VECTOR_SELECTS static void attend_plain ATTEND_ARGS ATTEND_BODY(dot_scalar, wrow_scalar)
 __attribute__((target("avx2"))) VECTOR_SELECTS static void attend_avx2 ATTEND_ARGS
-ATTEND_BODY(dot_avx2, wsum_avx2)
+ATTEND_BODY(dot_avx2, wrow_avx2)
 __attribute__((target("avx512f"))) VECTOR_SELECTS static void attend_avx512 ATTEND_ARGS
-ATTEND_BODY(dot_avx512, wsum_avx512)
+ATTEND_BODY(dot_avx512, wrow_avx512)
 
 typedef void (*attend_fn) ATTEND_ARGS;
 
-/* One head's attention on path `isa`; head dims that are not a multiple of 16 take the plain
- * copy. */
+/* One segment's attention on path `isa`; head dims that are not a multiple of 16 take the
+ * plain copy. */
 static attend_fn pick_attend(int isa, int64_t d_len) {
     if (d_len % 16 != 0) return attend_plain;
     return isa >= ISA_AVX512 ? attend_avx512 : isa == ISA_AVX2 ? attend_avx2 : attend_plain;
@@ -226,17 +234,13 @@ int hf_decode_attention(int isa, const float *q, const int64_t *q_base, int64_t 
                         float scale, float *out) {
     int64_t widest = 1;
     for (int64_t i = 0; i < n_seg; i++) widest = keys[i] > widest ? keys[i] : widest;
-    float *scratch = hf_take((size_t)widest * sizeof(float));
+    float *scratch = hf_take((size_t)h_len * (size_t)(widest + 1) * sizeof(float));
     if (scratch == NULL) return -1;
     attend_fn attend = pick_attend(isa, d_len);
-    int64_t group = h_len / hkv_len;
-    for (int64_t i = 0; i < n_seg; i++) {
-        for (int64_t h = 0; h < h_len; h++) {
-            const float *k0 = kv + base[i] + (h / group) * head_stride;
-            attend(q + q_base[i] + h * q_head_stride, k0, k0 + v_offset, keys[i], token_stride,
-                   d_len, scale, scratch, out + (i * h_len + h) * d_len);
-        }
-    }
+    for (int64_t i = 0; i < n_seg; i++)
+        attend(q + q_base[i], q_head_stride, kv + base[i], kv + base[i] + v_offset, keys[i],
+               token_stride, head_stride, h_len, h_len / hkv_len, d_len, scale, scratch,
+               out + i * h_len * d_len);
     hf_give(scratch);
     return 0;
 }

@@ -22,8 +22,8 @@
  * here and in decode_attention.c, within 2e-7), ReLU, ReLU², SwiGLU (fc_in's first F
  * outputs are the gate, the next F the up projection).
  *
- * Layout: x and y (C) float32; the cache kv (2·Hkv, L, D) contiguous, keys in heads
- * [0, Hkv), values in [Hkv, 2·Hkv), L = capacity ≥ t + 1.
+ * Layout: x and y (C) float32; the cache kv (2, L, Hkv, D) contiguous: the keys, then the
+ * values, each column by column (nn/kv_cache.py), L = capacity ≥ t + 1.
  *
  * hf_decode_stack runs a stack of blocks in one call; hf_decode_token a whole token of a
  * model: its embedding rows, the stack, the final norm and the head.
@@ -204,7 +204,8 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
     int64_t c = b->d_model, h_len = b->n_heads, hkv = b->n_kv_heads, d = b->head_dim;
     int64_t widest_k = b->fc_out.k > c ? b->fc_out.k : c;
     if (b->out_proj.k > widest_k) widest_k = b->out_proj.k;
-    int64_t floats = 2 * c + b->in_proj.n + b->out_proj.k + b->fc_in.n + b->fc_out.k + (t + 1);
+    int64_t floats = 2 * c + b->in_proj.n + b->out_proj.k + b->fc_in.n + b->fc_out.k
+                     + h_len * (t + 2);
     size_t xq_bytes = ((size_t)(widest_k + 1) * sizeof(int16_t) + 63) & ~(size_t)63;
     char *mem = hf_take(xq_bytes + (size_t)floats * sizeof(float));
     if (mem == NULL) return -1;
@@ -215,18 +216,11 @@ int hf_decode_block(int isa, const struct hf_block *b, const float *x, float *kv
 
     norm(isa, b, x, b->norm1_w, b->norm1_b, h);
     product(isa, &b->in_proj, h, xq, qkv); /* H query heads, Hkv key heads, Hkv value heads */
-    int64_t head_stride = cap * d;
-    for (int64_t g2 = 0; g2 < 2 * hkv; g2++) {
-        const float *src = qkv + (h_len + g2) * d;
-        float *dst = kv + g2 * head_stride + t * d;
-        for (int64_t i = 0; i < d; i++) dst[i] = src[i];
-    }
-    int64_t group = h_len / hkv;
-    for (int64_t hd = 0; hd < h_len; hd++) {
-        const float *k0 = kv + (hd / group) * head_stride;
-        attend(qkv + hd * d, k0, k0 + hkv * head_stride, t + 1, d, d, b->attn_scale, scores,
-               att + hd * d);
-    }
+    int64_t row = hkv * d; /* one column's heads */
+    float *k0 = kv, *v0 = kv + cap * row;
+    for (int64_t i = 0; i < row; i++) k0[t * row + i] = qkv[h_len * d + i];
+    for (int64_t i = 0; i < row; i++) v0[t * row + i] = qkv[h_len * d + row + i];
+    attend(qkv, d, k0, v0, t + 1, row, d, h_len, h_len / hkv, d, b->attn_scale, scores, att);
     product(isa, &b->out_proj, att, xq, x1);
     for (int64_t i = 0; i < c; i++) x1[i] = x[i] + x1[i];
     norm(isa, b, x1, b->norm2_w, b->norm2_b, h);

@@ -257,7 +257,7 @@ def _bound_block(block: nn.Module, width: int, cache: object, start: int) -> _Bl
     parts = _parts(block)
     if parts is None:
         return None
-    kv = cache.kv  # (1, 2·Hkv, L, D)
+    kv = cache.buffer  # (1, 2, L, Hkv, D)
     if (kv.dtype != torch.float32 or not kv.is_cpu or not kv.is_contiguous()
             or not 0 <= start < kv.shape[2]):
         return None  # the modules' path says what is wrong (an overflow, a dtype)
@@ -267,7 +267,7 @@ def _bound_block(block: nn.Module, width: int, cache: object, start: int) -> _Bl
         _BOUND[block] = binding
     c_block = binding.block
     if (c_block is None or parts[0].attention == "manual" or kv.shape[0] != 1
-            or kv.shape[1] != 2 * c_block.n_kv_heads or kv.shape[3] != c_block.head_dim
+            or kv.shape[3] != c_block.n_kv_heads or kv.shape[4] != c_block.head_dim
             or width != c_block.d_model):
         return None  # attention's kind is read per call: forced_attention_kind switches it
     return c_block
@@ -290,7 +290,8 @@ def step(block: nn.Module, x: Tensor, cache: KVCache, start: int) -> Tensor | No
         return None
     y = torch.empty_like(x)  # (1, 1, C)
     if lib.hf_decode_block(_LIB.default, ctypes.byref(c_block), x.data_ptr(),
-                           cache.kv.data_ptr(), cache.kv.shape[2], start, y.data_ptr()) != 0:
+                           cache.buffer.data_ptr(), cache.buffer.shape[2], start,
+                           y.data_ptr()) != 0:
         raise _no_scratch(start)
     return y
 
@@ -317,7 +318,7 @@ class _Stack:
         the caches' buffers): a held stack is not checked again, so even a weight whose
         ``.data`` is swapped meanwhile must not free the memory the C call reads."""
         tensors = [t for b in self.blocks for t in _BOUND[b].tensors]
-        tensors += [c.kv for c in self.caches]  # type: ignore[attr-defined]
+        tensors += [c.buffer for c in self.caches]  # type: ignore[attr-defined]
         self.read = [t.untyped_storage() for t in tensors]
 
     def run(self, x: Tensor, start: int) -> Tensor:
@@ -395,7 +396,7 @@ def _build_stack(blocks: Sequence[nn.Module], width: int, caches: Sequence[objec
         c_block = None if own else _bound_block(block, width, cache, start)
         if c_block is None:
             return None
-        kv = cache.kv  # type: ignore[attr-defined]
+        kv = cache.buffer  # type: ignore[attr-defined]
         structs[i], kvs[i], caps[i] = ctypes.pointer(c_block), kv.data_ptr(), kv.shape[2]
     lib = _LIB.lib()
     if lib is None:

@@ -25,10 +25,14 @@ __all__ = ["DecoderCache", "KVCache"]
 class KVCache:
     """Preallocated key/value buffers of one attention layer.
 
-    Keys and values share one buffer, ``kv`` (B, 2·Hkv, L, D): keys in heads [0, Hkv),
-    values in heads [Hkv, 2·Hkv) — the order in which ``MultiHeadAttention``'s fused input
-    projection produces them, so a step stores both with a single copy. ``k`` and ``v`` are
-    views of the two halves.
+    Keys and values share one buffer, ``buffer`` (B, 2, L, Hkv, D): the keys, then the values,
+    each stored column by column — a column's heads side by side. ``k`` and ``v`` are views of
+    the two halves in attention's order (B, Hkv, L, D). Why by column: a decoding step reads
+    the first S columns of every head; stored head by head, that is 2·Hkv separate runs of
+    memory with the unfilled columns between them, and memory's prefetchers start over at
+    each run (and fetch past its end). By column, the filled keys are one run and the filled
+    values another, however many are filled. The decoding kernels read every head of a column
+    together (``decode_attention.c``); torch's attention takes the strided views as they are.
     """
 
     # A contiguous cache's rows share one length (padding, if any, is masked): attention
@@ -40,50 +44,53 @@ class KVCache:
     def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  buffer: Tensor | None = None) -> None:
-        """``buffer``: a zero tensor of the cache's shape and dtype to hold ``kv``
-        (``DecoderCache`` lays its layers' buffers on huge pages); default a new one."""
+        """``buffer``: a zero tensor of the cache's shape (B, 2, L, Hkv, D) and dtype to hold
+        the keys and values (``DecoderCache`` lays its layers' buffers on huge pages); default
+        a new one."""
         self.n_kv_heads = n_kv_heads
-        shape = (batch_size, 2 * n_kv_heads, capacity, head_dim)
+        shape = (batch_size, 2, capacity, n_kv_heads, head_dim)
         if buffer is not None and (tuple(buffer.shape) != shape or buffer.dtype != dtype):
             raise ValueError(f"a KV buffer of shape {shape} and dtype {dtype} was expected; "
                              f"got {tuple(buffer.shape)} {buffer.dtype}")
-        self.kv = (buffer if buffer is not None
-                   else torch.zeros(shape, dtype=dtype, device=device))  # (B, 2·Hkv, L, D)
+        self.buffer = (buffer if buffer is not None
+                       else torch.zeros(shape, dtype=dtype, device=device))  # (B, 2, L, Hkv, D)
 
     @property
     def k(self) -> Tensor:
-        """The key buffer (B, Hkv, L, D), a view of ``kv``."""
-        return self.kv[:, : self.n_kv_heads]
+        """The key buffer (B, Hkv, L, D), a strided view of ``buffer``."""
+        return self.buffer[:, 0].transpose(1, 2)
 
     @property
     def v(self) -> Tensor:
-        """The value buffer (B, Hkv, L, D), a view of ``kv``."""
-        return self.kv[:, self.n_kv_heads :]
+        """The value buffer (B, Hkv, L, D), a strided view of ``buffer``."""
+        return self.buffer[:, 1].transpose(1, 2)
 
     @property
     def capacity(self) -> int:
         """How many columns (tokens) the buffers hold."""
-        return self.kv.shape[2]
+        return self.buffer.shape[2]
 
     def update(self, kv_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
-        """Write new keys and values, kv_new (B, 2·Hkv, T, D) with the keys first, at columns
-        [start, start+T); return the keys and values of columns [0, start+T), (B, Hkv, S, D)
-        each (views of the buffer)."""
-        kv, h = self.kv, self.n_kv_heads  # (B, 2·Hkv, L, D)
+        """Write new keys and values, kv_new (B, 2·Hkv, T, D) with the keys first (the order
+        of ``MultiHeadAttention``'s fused projection), at columns [start, start+T); return the
+        keys and values of columns [0, start+T), (B, Hkv, S, D) each (views of the buffer)."""
+        buf, h = self.buffer, self.n_kv_heads  # (B, 2, L, Hkv, D)
         end = start + kv_new.shape[2]
-        if end > kv.shape[2] or kv_new.shape[:2] != kv.shape[:2]:
-            if end > kv.shape[2]:
+        b, _, capacity, _, d = buf.shape
+        if end > capacity or tuple(kv_new.shape[:2]) != (b, 2 * h) or kv_new.shape[3] != d:
+            if end > capacity:
                 raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into "
-                                 f"a cache of capacity {kv.shape[2]}; reset it or make it "
+                                 f"a cache of capacity {capacity}; reset it or make it "
                                  "larger")
             raise ValueError(f"new keys and values {tuple(kv_new.shape)} do not fit the cache "
-                             f"buffer {tuple(kv.shape)} (B, 2·Hkv, L, D)")
-        kv[:, :, start:end] = kv_new  # a wrong head dim D fails here, in torch's own check
-        return kv[:, :h, :end], kv[:, h:, :end]  # (B, Hkv, S, D) each
+                             f"(B, 2·Hkv, T, D) = ({b}, {2 * h}, T, {d})")
+        buf[:, :, start:end] = kv_new.unflatten(1, (2, h)).transpose(2, 3)  # (B, 2, T, Hkv, D)
+        return (buf[:, 0, :end].transpose(1, 2),
+                buf[:, 1, :end].transpose(1, 2))  # (B, Hkv, S, D) each
 
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers."""
-        return self.kv.numel() * self.kv.element_size()
+        return self.buffer.numel() * self.buffer.element_size()
 
 
 class DecoderCache:
@@ -97,11 +104,10 @@ class DecoderCache:
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int,
                  head_dim: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
-        shape = (batch_size, 2 * n_kv_heads, capacity, head_dim)
+        shape = (batch_size, 2, capacity, n_kv_heads, head_dim)
         # On the CPU the layers' buffers lie back to back on 2 MiB pages (nn.huge_pages): a
         # decoding step streams them all, as it streams the int8 weights. Pages are taken at
-        # first touch, 2 MiB at a time: the first token's write commits up to 2 MiB of each
-        # head's columns (the whole cache, for a short window), not 4 KiB.
+        # first touch, 2 MiB at a time, as the columns fill (a short window's cache at once).
         buffers = (huge_pages.zeros([shape] * n_layers, dtype)
                    if torch.device(device).type == "cpu" else None)
         self.layers = [KVCache(batch_size, n_kv_heads, capacity, head_dim, dtype=dtype,

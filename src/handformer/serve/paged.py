@@ -2,7 +2,8 @@
 
 ``KVPool`` is the memory: for every layer, ``num_blocks · block_size`` token slots of keys and
 values, (L, N·bs, 2·Hkv, D), keys in heads [0, Hkv) and values after them — the layout
-``MultiHeadAttention``'s fused projection produces, as in ``nn.kv_cache.KVCache``.
+``MultiHeadAttention``'s fused projection produces (``nn.kv_cache.KVCache`` keeps a request's
+keys apart from its values instead, each column by column).
 
 ``PagedBatchCache`` is what one forward call of the model sees: it speaks the interface of
 ``nn.kv_cache.DecoderCache`` (``append_tokens``, ``key_positions``, ``has_padding``,
