@@ -187,3 +187,16 @@ def test_the_filled_keys_and_values_are_one_run_of_memory_each() -> None:
     assert v.data_ptr() - k.data_ptr() == 10 * 3 * 4 * k.element_size()  # after all L columns
     assert torch.equal(cache.buffer[:, 0, :7], written[:, :3].transpose(1, 2))  # (B, S, Hkv, D)
     assert torch.count_nonzero(cache.buffer[:, :, 7:]) == 0  # nothing past the written columns
+
+
+def test_a_cache_torch_reads_stays_head_by_head() -> None:
+    """bf16 (torch's attention reads it, one head at a time): each head's keys side by side,
+    (B, 2, Hkv, L, D); written and read back the same way as a float32 cache."""
+    cache = KVCache(1, 2, 6, 4, dtype=torch.bfloat16)
+    assert not cache.by_column and tuple(cache.buffer.shape) == (1, 2, 2, 6, 4)
+    new = torch.randn(1, 4, 3, 4).to(torch.bfloat16)  # (B, 2·Hkv, T, D)
+    k, v = cache.update(new, 1)  # (B, Hkv, 4, D) each
+    assert torch.equal(k[:, :, 1:], new[:, :2]) and torch.equal(v[:, :, 1:], new[:, 2:])
+    assert k.stride()[1:] == (6 * 4, 4, 1)  # a head's columns side by side
+    assert torch.count_nonzero(k[:, :, 0]) == 0
+    assert torch.count_nonzero(cache.buffer) == 2 * 2 * 3 * 4  # only the written columns

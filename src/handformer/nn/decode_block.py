@@ -11,12 +11,13 @@ products and attention (same bits), and the norms and activation in plain C.
 It is a kernel, chosen per call like attention's: ``TransformerBlock.forward`` asks ``step``
 first, and ``step`` declines (returns None) for anything but the case it was written for —
 one token of one request (x (1, 1, C) float32 on the CPU) with a contiguous float32
-``KVCache`` (not serving's paged one), no mask, no gradient, not under ``torch.compile`` or
-a tracer (the C call would not be recorded), a pre-norm block without cross-attention,
-RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every projection an ``Int8Linear`` the C loop
-serves, attention not set to ``manual`` (read at every call: ``forced_attention_kind``
-switches it) — and whenever something watches the block's modules (a forward hook,
-``capture_attention``'s wrapper), so that hooks and captures still see every step.
+``KVCache`` (stored column by column; not serving's paged one), no mask, no gradient, not
+under ``torch.compile`` or a tracer (the C call would not be recorded), a pre-norm block
+without cross-attention, RoPE, ALiBi or QK-norm, LayerNorm or RMSNorm, every projection an
+``Int8Linear`` the C loop serves, attention not set to ``manual`` (read at every call:
+``forced_attention_kind`` switches it) — and whenever something watches the block's
+modules (a forward hook, ``capture_attention``'s wrapper), so that hooks and captures still
+see every step.
 ``stack_step`` runs a whole stack of such blocks as one C call (``Trunk.run_blocks`` asks it
 first), so that no Python runs between blocks while their weights stream through the caches;
 it declines unless every block is served, in eval mode, and unhooked itself (the blocks are
@@ -257,7 +258,7 @@ def _bound_block(block: nn.Module, width: int, cache: object, start: int) -> _Bl
     parts = _parts(block)
     if parts is None:
         return None
-    kv = cache.buffer  # (1, 2, L, Hkv, D)
+    kv = cache.buffer  # (1, 2, L, Hkv, D): a float32 CPU cache is stored column by column
     if (kv.dtype != torch.float32 or not kv.is_cpu or not kv.is_contiguous()
             or not 0 <= start < kv.shape[2]):
         return None  # the modules' path says what is wrong (an overflow, a dtype)

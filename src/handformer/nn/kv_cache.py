@@ -19,20 +19,41 @@ from torch import Tensor
 
 from handformer.nn import huge_pages
 
-__all__ = ["DecoderCache", "KVCache"]
+__all__ = ["DecoderCache", "KVCache", "storage_shape", "stores_by_column"]
+
+
+def stores_by_column(dtype: torch.dtype, device: torch.device | str) -> bool:
+    """Whether a cache of ``dtype`` on ``device`` stores its keys and values column by column
+    (see ``KVCache``): where the hand-written decoding attention reads it (float32 on the
+    CPU), which reads every head of a column together. Elsewhere torch's attention reads the
+    cache one head at a time, and its single-query kernels read a column-by-column cache at a
+    stride, several times slower than one head's keys side by side: those caches stay head by
+    head."""
+    return dtype == torch.float32 and torch.device(device).type == "cpu"
+
+
+def storage_shape(batch_size: int, n_kv_heads: int, capacity: int, head_dim: int,
+                  by_column: bool) -> tuple[int, ...]:
+    """The shape of a ``KVCache``'s ``buffer``: (B, 2, L, Hkv, D) column by column, else
+    (B, 2, Hkv, L, D)."""
+    if by_column:
+        return (batch_size, 2, capacity, n_kv_heads, head_dim)
+    return (batch_size, 2, n_kv_heads, capacity, head_dim)
 
 
 class KVCache:
     """Preallocated key/value buffers of one attention layer.
 
-    Keys and values share one buffer, ``buffer`` (B, 2, L, Hkv, D): the keys, then the values,
-    each stored column by column — a column's heads side by side. ``k`` and ``v`` are views of
-    the two halves in attention's order (B, Hkv, L, D). Why by column: a decoding step reads
+    Keys and values share one buffer, ``buffer``: the keys, then the values. ``k`` and ``v``
+    are views of the two halves in attention's order (B, Hkv, L, D). A float32 cache on the
+    CPU stores each half column by column, (B, 2, L, Hkv, D): a column's heads side by side
+    (``stores_by_column``; the attribute ``by_column`` says which). Why: a decoding step reads
     the first S columns of every head; stored head by head, that is 2·Hkv separate runs of
-    memory with the unfilled columns between them, and memory's prefetchers start over at
-    each run (and fetch past its end). By column, the filled keys are one run and the filled
-    values another, however many are filled. The decoding kernels read every head of a column
-    together (``decode_attention.c``); torch's attention takes the strided views as they are.
+    memory with the unfilled columns between them, and memory's prefetchers start over at each
+    run (and fetch past its end). By column, the filled keys are one run and the filled values
+    another, however many are filled; the decoding attention (``decode_attention.c``) reads
+    every head of a column together. Other caches, read by torch's attention one head at a
+    time, store (B, 2, Hkv, L, D).
     """
 
     # A contiguous cache's rows share one length (padding, if any, is masked): attention
@@ -44,39 +65,42 @@ class KVCache:
     def __init__(self, batch_size: int, n_kv_heads: int, capacity: int, head_dim: int, *,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  buffer: Tensor | None = None) -> None:
-        """``buffer``: a zero tensor of the cache's shape (B, 2, L, Hkv, D) and dtype to hold
-        the keys and values (``DecoderCache`` lays its layers' buffers on huge pages); default
-        a new one."""
+        """``buffer``: a zero tensor of the cache's ``storage_shape`` and dtype to hold the
+        keys and values (``DecoderCache`` lays its layers' buffers on huge pages); default a
+        new one."""
         self.n_kv_heads = n_kv_heads
-        shape = (batch_size, 2, capacity, n_kv_heads, head_dim)
+        self.by_column = stores_by_column(dtype, device)
+        shape = storage_shape(batch_size, n_kv_heads, capacity, head_dim, self.by_column)
         if buffer is not None and (tuple(buffer.shape) != shape or buffer.dtype != dtype):
             raise ValueError(f"a KV buffer of shape {shape} and dtype {dtype} was expected; "
                              f"got {tuple(buffer.shape)} {buffer.dtype}")
         self.buffer = (buffer if buffer is not None
-                       else torch.zeros(shape, dtype=dtype, device=device))  # (B, 2, L, Hkv, D)
+                       else torch.zeros(shape, dtype=dtype, device=device))
+        # (B, 2, Hkv, L, D) whichever way it is stored: every read and write goes through it
+        self._heads = self.buffer.transpose(2, 3) if self.by_column else self.buffer
 
     @property
     def k(self) -> Tensor:
-        """The key buffer (B, Hkv, L, D), a strided view of ``buffer``."""
-        return self.buffer[:, 0].transpose(1, 2)
+        """The key buffer (B, Hkv, L, D), a view of ``buffer``."""
+        return self._heads[:, 0]
 
     @property
     def v(self) -> Tensor:
-        """The value buffer (B, Hkv, L, D), a strided view of ``buffer``."""
-        return self.buffer[:, 1].transpose(1, 2)
+        """The value buffer (B, Hkv, L, D), a view of ``buffer``."""
+        return self._heads[:, 1]
 
     @property
     def capacity(self) -> int:
         """How many columns (tokens) the buffers hold."""
-        return self.buffer.shape[2]
+        return self._heads.shape[3]
 
     def update(self, kv_new: Tensor, start: int) -> tuple[Tensor, Tensor]:
         """Write new keys and values, kv_new (B, 2·Hkv, T, D) with the keys first (the order
         of ``MultiHeadAttention``'s fused projection), at columns [start, start+T); return the
         keys and values of columns [0, start+T), (B, Hkv, S, D) each (views of the buffer)."""
-        buf, h = self.buffer, self.n_kv_heads  # (B, 2, L, Hkv, D)
+        heads, h = self._heads, self.n_kv_heads  # (B, 2, Hkv, L, D)
         end = start + kv_new.shape[2]
-        b, _, capacity, _, d = buf.shape
+        b, _, _, capacity, d = heads.shape
         if end > capacity or tuple(kv_new.shape[:2]) != (b, 2 * h) or kv_new.shape[3] != d:
             if end > capacity:
                 raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into "
@@ -84,9 +108,8 @@ class KVCache:
                                  "larger")
             raise ValueError(f"new keys and values {tuple(kv_new.shape)} do not fit the cache "
                              f"(B, 2·Hkv, T, D) = ({b}, {2 * h}, T, {d})")
-        buf[:, :, start:end] = kv_new.unflatten(1, (2, h)).transpose(2, 3)  # (B, 2, T, Hkv, D)
-        return (buf[:, 0, :end].transpose(1, 2),
-                buf[:, 1, :end].transpose(1, 2))  # (B, Hkv, S, D) each
+        heads[:, :, :, start:end] = kv_new.unflatten(1, (2, h))  # (B, 2, Hkv, T, D)
+        return heads[:, 0, :, :end], heads[:, 1, :, :end]  # (B, Hkv, S, D) each
 
     def nbytes(self) -> int:
         """Bytes held by the key and value buffers."""
@@ -104,7 +127,8 @@ class DecoderCache:
     def __init__(self, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int,
                  head_dim: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
-        shape = (batch_size, 2, capacity, n_kv_heads, head_dim)
+        shape = storage_shape(batch_size, n_kv_heads, capacity, head_dim,
+                              stores_by_column(dtype, device))
         # On the CPU the layers' buffers lie back to back on 2 MiB pages (nn.huge_pages): a
         # decoding step streams them all, as it streams the int8 weights. Pages are taken at
         # first touch, 2 MiB at a time, as the columns fill (a short window's cache at once).
