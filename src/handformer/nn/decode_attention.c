@@ -102,21 +102,18 @@ VECTOR_SELECTS static inline void wrow_scalar(float p, const float *v, int64_t d
     for (int64_t d = 0; d < d_len; d++) acc[d] = acc[d] + p * v[d];
 }
 
-__attribute__((target("avx2"))) VECTOR_SELECTS static inline void wrow_avx2(
-    float p, const float *v, int64_t d_len, float *acc) {
-    __m256 w = _mm256_set1_ps(p);
-    for (int64_t d = 0; d < d_len; d += 8)
-        _mm256_storeu_ps(acc + d, _mm256_add_ps(_mm256_loadu_ps(acc + d),
-                                                _mm256_mul_ps(w, _mm256_loadu_ps(v + d))));
-}
+#define WROW(NAME, TARGET, VEC, W, SET1, LOAD, STORE, MUL, ADD)                                \
+    __attribute__((target(TARGET))) VECTOR_SELECTS static inline void NAME(                    \
+        float p, const float *v, int64_t d_len, float *acc) {                                  \
+        VEC w = SET1(p);                                                                       \
+        for (int64_t d = 0; d < d_len; d += (W))                                               \
+            STORE(acc + d, ADD(LOAD(acc + d), MUL(w, LOAD(v + d))));                           \
+    }
 
-__attribute__((target("avx512f"))) VECTOR_SELECTS static inline void wrow_avx512(
-    float p, const float *v, int64_t d_len, float *acc) {
-    __m512 w = _mm512_set1_ps(p);
-    for (int64_t d = 0; d < d_len; d += 16)
-        _mm512_storeu_ps(acc + d, _mm512_add_ps(_mm512_loadu_ps(acc + d),
-                                                _mm512_mul_ps(w, _mm512_loadu_ps(v + d))));
-}
+WROW(wrow_avx2, "avx2", __m256, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+     _mm256_mul_ps, _mm256_add_ps)
+WROW(wrow_avx512, "avx512f", __m512, 16, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+     _mm512_mul_ps, _mm512_add_ps)
 
 /* e^x in plain float arithmetic that the compiler turns into vector code (libm's expf is a
  * call per value): x = n·ln 2 + r with n = round(x / ln 2) (adding and subtracting 1.5·2^23
@@ -154,7 +151,7 @@ VECTOR_SELECTS static inline float exp_clamped(float x) {
  * vectorise and every width adds alike. One copy per path, its own dot product and weighted
  * sum inlined (pick_attend); the file itself is built for any x86-64, whose copy takes 4
  * floats at a time. */
-#define ATTEND_BODY(DOT, WROW)                                                                \
+#define ATTEND_BODY(DOT, ROW_SUM)                                                             \
     {                                                                                         \
         float *totals = scratch + h_len * n_keys;                                             \
         for (int64_t j = 0; j < n_keys; j++) {                                                \
@@ -193,8 +190,8 @@ VECTOR_SELECTS static inline float exp_clamped(float x) {
         for (int64_t j = 0; j < n_keys; j++) {                                                \
             const float *v = v0 + j * token_stride;                                           \
             for (int64_t h = 0; h < h_len; h++)                                               \
-                WROW(scratch[h * n_keys + j], v + (h / group) * head_stride, d_len,           \
-                     out + h * d_len);                                                        \
+                ROW_SUM(scratch[h * n_keys + j], v + (h / group) * head_stride, d_len,        \
+                        out + h * d_len);                                                     \
         }                                                                                     \
         for (int64_t h = 0; h < h_len; h++)                                                   \
             for (int64_t d = 0; d < d_len; d++)                                               \
