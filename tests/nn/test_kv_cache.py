@@ -200,3 +200,14 @@ def test_a_cache_torch_reads_stays_head_by_head() -> None:
     assert k.stride()[1:] == (6 * 4, 4, 1)  # a head's columns side by side
     assert torch.count_nonzero(k[:, :, 0]) == 0
     assert torch.count_nonzero(cache.buffer) == 2 * 2 * 3 * 4  # only the written columns
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 2), (1, 4, 2, 5), (2, 4, 2, 4), (1, 6, 2, 4)])
+def test_keys_and_values_of_another_shape_are_refused_by_name(shape: tuple[int, ...]) -> None:
+    """Not (B, 2·Hkv, T, D) of this cache (a 3-D tensor, another D, B or head count): one
+    ``ValueError`` naming both shapes, nothing written."""
+    cache = KVCache(1, 2, 6, 4)
+    want = r"do not fit the cache \(B, 2·Hkv, T, D\) = \(1, 4, T, 4\)"
+    with pytest.raises(ValueError, match=want):
+        cache.update(torch.ones(shape), 0)
+    assert torch.count_nonzero(cache.buffer) == 0

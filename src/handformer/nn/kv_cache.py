@@ -99,15 +99,14 @@ class KVCache:
         of ``MultiHeadAttention``'s fused projection), at columns [start, start+T); return the
         keys and values of columns [0, start+T), (B, Hkv, S, D) each (views of the buffer)."""
         heads, h = self._heads, self.n_kv_heads  # (B, 2, Hkv, L, D)
-        end = start + kv_new.shape[2]
         b, _, _, capacity, d = heads.shape
-        if end > capacity or tuple(kv_new.shape[:2]) != (b, 2 * h) or kv_new.shape[3] != d:
-            if end > capacity:
-                raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into "
-                                 f"a cache of capacity {capacity}; reset it or make it "
-                                 "larger")
+        if kv_new.dim() != 4 or tuple(kv_new.shape[:2]) != (b, 2 * h) or kv_new.shape[3] != d:
             raise ValueError(f"new keys and values {tuple(kv_new.shape)} do not fit the cache "
                              f"(B, 2·Hkv, T, D) = ({b}, {2 * h}, T, {d})")
+        end = start + kv_new.shape[2]
+        if end > capacity:
+            raise ValueError(f"KV cache overflow: writing columns {start}..{end - 1} into a "
+                             f"cache of capacity {capacity}; reset it or make it larger")
         heads[:, :, :, start:end] = kv_new.unflatten(1, (2, h))  # (B, 2, Hkv, T, D)
         return heads[:, 0, :, :end], heads[:, 1, :, :end]  # (B, Hkv, S, D) each
 
