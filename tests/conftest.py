@@ -51,7 +51,8 @@ def tiny_config(**overrides) -> ModelConfig:
 
 class TokenKernelSpy:
     """Spies on the int8 token kernel (``nn.decode_block``): ``checks`` lists each model it
-    checked in full (``_ends``: every unheld call), ``calls`` counts ``token_step`` calls."""
+    checked in full (``_ends``: every unheld call), ``calls`` counts the calls that ask it
+    for a token (``token_step``, and ``greedy_token`` for greedy decoding)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from handformer.nn import decode_block
@@ -59,6 +60,7 @@ class TokenKernelSpy:
         self.checks: list[object] = []
         self.calls = 0
         ends, token_step = decode_block._ends, decode_block.token_step
+        greedy_token = decode_block.greedy_token
 
         def counting_ends(model: object) -> object:
             self.checks.append(model)
@@ -68,5 +70,10 @@ class TokenKernelSpy:
             self.calls += 1
             return token_step(*args)
 
+        def counting_greedy_token(*args: object) -> object:
+            self.calls += 1
+            return greedy_token(*args)
+
         monkeypatch.setattr(decode_block, "_ends", counting_ends)
+        monkeypatch.setattr(decode_block, "greedy_token", counting_greedy_token)
         monkeypatch.setattr(decode_block, "token_step", counting_token_step)

@@ -269,6 +269,44 @@ MUTANTS: tuple[Mutant, ...] = (
         "decoding step forgets where it is",
     ),
     Mutant(
+        "greedy_token_takes_the_last_of_a_tie", "nn/decode_block.c",
+        "        if (a > best) {",
+        "        if (a >= best) {",
+        ("tests/nn/test_decode_block.py",),
+        "greedy decoding's kernel picks the last of equal logits where torch's argmax (the "
+        "modules' path) picks the first",
+    ),
+    Mutant(
+        "greedy_token_picks_plus_inf", "nn/decode_block.c",
+        "        bad |= isnan(a) || a == INFINITY;",
+        "        bad |= isnan(a);",
+        ("tests/nn/test_decode_block.py",),
+        "greedy decoding's kernel picks a +inf logit where sampling refuses logits that hold one",
+    ),
+    Mutant(
+        "greedy_token_position_left_at_zero", "nn/decode_block.py",
+        "code = self.fn(*self.args, start, at - 8, start, *self.where, at)",
+        "code = self.fn(*self.args, start, at - 8, 0, *self.where, at)",
+        ("tests/nn/test_decode_block.py",),
+        "greedy decoding's one-call token adds the first position's vector to every token",
+    ),
+    Mutant(
+        "greedy_token_blind_to_model_hooks", "nn/decode_block.py",
+        "or not tokens.is_cpu or not tokens.is_contiguous() or _watched(model)):",
+        "or not tokens.is_cpu or not tokens.is_contiguous()):",
+        ("tests/nn/test_decode_block.py",),
+        "greedy decoding runs its tokens in one C call even where a hook watches the model, "
+        "which then misses those steps",
+    ),
+    Mutant(
+        "generate_greedy_kernel_for_any_model", "generate/plain.py",
+        "and batch_size == 1 and type(model).forward is DecoderLM.forward)",
+        "and batch_size == 1)",
+        ("tests/nn/test_decode_block.py",),
+        "generate's greedy kernel stands in for the call of a model whose forward is its own "
+        "(a subclass), whose logits it then never sees",
+    ),
+    Mutant(
         "generate_keeps_the_checks_after_any_on_token", "generate/plain.py",
         "                    if not on_token_keeps_model:\n                        hold.forget()",
         "                    if False:\n                        hold.forget()",

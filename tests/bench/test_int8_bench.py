@@ -88,7 +88,7 @@ def test_stack_split_times_the_block_stack_calls_of_a_generation() -> None:
     """One whole-token call per generated token after the first (the prompt's forward is not
     one), time on both sides of them; a model the kernel declines (float32) has no split, and
     the module's functions are the originals again afterwards."""
-    original, original_token = decode_block.stack_step, decode_block.token_step
+    originals = decode_block.stack_step, decode_block.token_step, decode_block.greedy_token
     fp32 = DecoderLM(tiny_config(positional="learned")).eval()
     int8 = quantize_int8(fp32)
     prompt = torch.randint(0, 37, (1, 3))
@@ -96,7 +96,8 @@ def test_stack_split_times_the_block_stack_calls_of_a_generation() -> None:
     assert split is not None and split["calls"] == 5
     assert split["inside_s"] > 0 and split["outside_s"] > 0
     assert stack_split(lambda: generate(fp32, prompt, 6, temperature=0), 1) is None
-    assert decode_block.stack_step is original and decode_block.token_step is original_token
+    assert (decode_block.stack_step, decode_block.token_step,
+            decode_block.greedy_token) == originals
 
 
 def test_run_case_reads_its_floor_among_its_contenders(monkeypatch: pytest.MonkeyPatch) -> None:

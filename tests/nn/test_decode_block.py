@@ -11,8 +11,9 @@ output and cached key or value below stays within 5e-5 of the largest one (measu
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import pytest
 import torch
@@ -215,15 +216,49 @@ def test_every_path_gives_the_same_bits_at_a_width_off_the_lanes(
                          ids=["within the window", "past the window"])
 def test_greedy_tokens_are_the_modules_tokens(overrides: dict[str, object], new: int) -> None:
     """Past ``max_len`` generate slides the window and refills the cache: positions restart
-    with it, and the token call's position (its column) must follow."""
+    with it, and the token call's position (its column) must follow. Greedy decoding runs
+    each token after the prompt's (and a refill's) as one call (``greedy_token``)."""
     from handformer.generate import generate
 
     model = _model(**overrides)
+    with torch.no_grad():  # positions that decide the tokens: a wrong one shows
+        model.embed.positions.table.weight.mul_(50.0)
     prompt = torch.randint(0, 61, (1, 4), generator=torch.Generator().manual_seed(3))
-    fused = generate(model, prompt, new, temperature=0.0)
+    greedy = _GreedySpy()
+    with greedy.spying():
+        fused = generate(model, prompt, new, temperature=0.0)
     with decode_block.disabled():
         ref = generate(model, prompt, new, temperature=0.0)
     assert torch.equal(fused, ref)
+    # every step but the prompt's and each refill's was one greedy call
+    refills = 0 if model.config.max_len >= 4 + new else -(-(4 + new - 12) // 6)
+    assert greedy.served == new - 1 - refills and greedy.declined == 0
+
+
+class _GreedySpy:
+    """Counts ``decode_block.greedy_token``'s calls that ran the token (``served``) and
+    those that left it to the modules (``declined``), while ``spying()``."""
+
+    def __init__(self) -> None:
+        self.served = self.declined = 0
+
+    @contextmanager
+    def spying(self) -> Iterator[None]:
+        original = decode_block.greedy_token
+
+        def spy(*args: Any) -> bool:
+            done = original(*args)
+            if done:
+                self.served += 1
+            else:
+                self.declined += 1
+            return done
+
+        decode_block.greedy_token = spy
+        try:
+            yield
+        finally:
+            decode_block.greedy_token = original
 
 
 DECLINED: dict[str, Callable[[], DecoderLM]] = {
@@ -657,3 +692,126 @@ def test_a_nan_in_the_token_table_is_named_by_generate(
     with pytest.raises(NonFiniteLogitsError, match="generated token 2"):
         generate(model, torch.tensor([[1, 2, 3]]), 4, temperature=0.0)
     assert spy.tokens == 1  # the NaN row went through the token call
+
+
+def _greedy_setup(logits: list[float]) -> tuple[DecoderLM, Tensor, object]:
+    """A model whose head gives exactly ``logits`` (its int8 weights zero, its bias those
+    values), a cache holding a 3-token prompt, and a token buffer (1, 6) with the prompt and
+    one token at column 3 (ids below 3)."""
+    model = _model(vocab_size=len(logits))
+    with torch.no_grad():
+        model.lm_head.qweight.zero_()
+    model.lm_head.bias = torch.nn.Parameter(torch.tensor(logits))
+    tokens = torch.tensor([[1, 2, 0, 1, 0, 0]])
+    cache = model.make_cache(1, 8)
+    with torch.inference_mode():
+        model(tokens[:, :3], cache=cache)
+    return model, tokens, cache
+
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(("logits", "want"), [
+    ([0.5, 2.0, -1.0, 2.0, 1.0], 1),  # a tie: the first, as torch's argmax
+    ([-INF, -INF, 3.0, -INF, 1.0], 2),  # banned tokens (-inf) next to finite ones
+    ([-7.0, -7.0, -7.0, -7.0, -7.0], 0),
+    ([0.0, -3.0e38, 3.0e38, 1.0, 2.0], 2),
+])
+def test_greedy_token_writes_torchs_argmax(logits: list[float], want: int) -> None:
+    model, tokens, cache = _greedy_setup(logits)
+    with torch.inference_mode():
+        assert decode_block.greedy_token(model, tokens, 4, cache)
+    assert int(torch.tensor(logits).argmax()) == want
+    assert tokens.tolist() == [[1, 2, 0, 1, want, 0]] and cache.length == 4
+
+
+@pytest.mark.parametrize("logits", [[0.0, float("nan"), 1.0, 2.0], [0.0, INF, 1.0, 2.0],
+                                    [-INF, -INF, -INF, -INF]],
+                         ids=["nan", "+inf", "no finite value"])
+def test_logits_sampling_refuses_are_left_to_generate_which_names_them(
+        logits: list[float]) -> None:
+    """What ``sample_next`` refuses the kernel does not pick from: nothing is counted or
+    written, and ``generate`` (which then runs the modules) raises its own error."""
+    from handformer.generate import generate
+    from handformer.generate.plain import NonFiniteLogitsError
+
+    model, tokens, cache = _greedy_setup(logits)
+    with torch.inference_mode():
+        assert not decode_block.greedy_token(model, tokens, 4, cache)
+    assert tokens.tolist() == [[1, 2, 0, 1, 0, 0]] and cache.length == 3
+    greedy = _GreedySpy()
+    with greedy.spying(), pytest.raises(NonFiniteLogitsError, match="non-finite logits"):
+        generate(model, torch.tensor([[1, 2]]), 3, temperature=0.0)
+    assert greedy.served == 0
+
+
+def test_greedy_token_declines_what_it_cannot_run_and_writes_nothing() -> None:
+    """An id outside the table (the embedding's error is the modules'), a token buffer
+    that is not one contiguous int64 row, a padded cache, a hooked or training model."""
+    model, tokens, cache = _greedy_setup([0.0, 1.0, 2.0])
+    with torch.inference_mode():
+        bad = tokens.clone()
+        bad[0, 3] = 3  # vocab 3: outside the table
+        assert not decode_block.greedy_token(model, bad, 4, cache)
+        assert bad[0, 4] == 0 and cache.length == 3
+        for other in (tokens.int(), tokens.repeat(2, 1), torch.stack([tokens, tokens], 2)[..., 0]):
+            assert not decode_block.greedy_token(model, other, 4, cache)
+        assert not decode_block.greedy_token(model, tokens, 6, cache)  # no column to write
+        padded = model.make_cache(1, 8)
+        model(tokens[:, :3], torch.tensor([[False, True, True]]), cache=padded)
+        assert not decode_block.greedy_token(model, tokens, 4, padded)
+        handle = model.register_forward_hook(lambda *_: None)
+        assert not decode_block.greedy_token(model, tokens, 4, cache)
+        handle.remove()
+        model.train()
+        assert not decode_block.greedy_token(model, tokens, 4, cache)
+        model.eval()
+        assert decode_block.greedy_token(model, tokens, 4, cache)
+    assert cache.length == 4 and tokens[0, 4] == 2
+
+
+def test_generate_leaves_greedy_decoding_to_a_model_whose_call_is_its_own() -> None:
+    """A hook on the model sees every step, a subclass's forward is what is called, and the
+    ids each ``on_token`` gets are its own tensor (changing them changes nothing)."""
+    from handformer.generate import generate
+
+    class AlwaysFive(DecoderLM):
+        def forward(self, ids: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+            logits = super().forward(ids, *args, **kwargs)
+            logits[..., 5] = 1e9
+            return logits
+
+    model = _model()
+    prompt = torch.tensor([[1, 2, 3]])
+    five = copy.deepcopy(model)
+    five.__class__ = AlwaysFive
+    greedy = _GreedySpy()
+    with greedy.spying():
+        assert generate(five, prompt, 4, temperature=0.0)[0, 3:].tolist() == [5] * 4
+    assert greedy.served == greedy.declined == 0  # not even asked
+    seen: list[int] = []
+    handle = model.register_forward_hook(lambda *_: seen.append(1))
+    with greedy.spying():
+        hooked = generate(model, prompt, 5, temperature=0.0)
+    handle.remove()
+    assert len(seen) == 5 and greedy.served == 0
+    with greedy.spying():
+        meddled = generate(model, prompt, 5, temperature=0.0,
+                           on_token=lambda ids: ids.add_(1) and None)
+    assert torch.equal(meddled, hooked) and greedy.served == 4
+
+
+def test_greedy_decoding_stops_at_eos_as_the_modules_do() -> None:
+    from handformer.generate import generate
+
+    model = _model()
+    prompt = torch.tensor([[1, 2, 3]])
+    with decode_block.disabled():
+        ref = generate(model, prompt, 12, temperature=0.0)
+    eos = int(ref[0, 6])  # the fourth new token
+    first = ref[0, 3:].tolist().index(eos)
+    greedy = _GreedySpy()
+    with greedy.spying():
+        out = generate(model, prompt, 12, temperature=0.0, eos_id=eos)
+    assert torch.equal(out, ref[:, : 3 + first + 1]) and greedy.served == first

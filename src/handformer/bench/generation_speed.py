@@ -24,10 +24,10 @@ warm-up) so machine noise hits them alike, once per thread count in ``--threads`
   and 12L-768d (GPT-2 small's shape). Contenders come from ``CONTENDER_FACTORIES``: more can
   be registered there (``register_contenders``) and are timed and floored alike. The int8
   row also says where its tokens' time goes, from the same generations run again: inside
-  the one C call per token (``decode_block.token_step``: embedding, every block, final norm
-  and head; its checks included) and outside it (``DecoderLM.forward``'s cache bookkeeping,
-  sampling and ``generate``'s own loop, all run with the caches the weights just streamed
-  through).
+  the one C call per token (``decode_block.greedy_token``: embedding, every block, final
+  norm, head and argmax; its checks included) and outside it (the prompt's forward, the
+  cache's allocation and ``generate``'s own loop, run with the caches the weights just
+  streamed through).
 * the int8 quality on a *trained* model lives in ``bench.int8_quality`` (it needs a run).
 
     python benchmarks/generation_speed.py                  # full: three cases, 1 and 2 threads
@@ -292,17 +292,19 @@ def time_alternating(fns: dict[str, Callable[[], Any]],
 @contextmanager
 def _timed_stack_steps(seconds: list[float]) -> Iterator[None]:
     """Within the block, the seconds of each call that ran every block at once go into
-    ``seconds``: ``decode_block.token_step`` (the whole token: embedding, blocks, final norm
-    and head) or ``decode_block.stack_step`` (the blocks alone, where the model's ends are
-    not the token kernel's). Callers look both up on the module at every call; a declined
-    call's time counts as outside."""
-    originals = {name: getattr(decode_block, name) for name in ("token_step", "stack_step")}
+    ``seconds``: ``decode_block.greedy_token`` (greedy decoding's whole token and its
+    argmax), ``token_step`` (the whole token: embedding, blocks, final norm and head) or
+    ``stack_step`` (the blocks alone, where the model's ends are not the token kernel's).
+    Callers look each up on the module at every call; a declined call's time (None or
+    False) counts as outside."""
+    originals = {name: getattr(decode_block, name)
+                 for name in ("greedy_token", "token_step", "stack_step")}
 
-    def timed(original: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
-        def run(*args: Any) -> Tensor | None:
+    def timed(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
             t0 = time.perf_counter()
             y = original(*args)
-            if y is not None:
+            if y is not None and y is not False:
                 seconds.append(time.perf_counter() - t0)
             return y
         return run
@@ -507,8 +509,8 @@ def print_report(result: dict[str, Any]) -> None:
             print(f"  {r['case']} {r['threads']}T {r['contender']}: {r['stack_ms_per_token']:.3f} "
                   f"ms/token inside the one C call per token ({r['stack_calls']} calls a "
                   f"run; {100 * r['stack_fraction_of_floor']:.0f} % of the floor), "
-                  f"{r['outside_stack_ms_per_token']:.3f} outside it (the forward's cache "
-                  "bookkeeping, sampling, generate's loop)")
+                  f"{r['outside_stack_ms_per_token']:.3f} outside it (the prompt, the cache, "
+                  "generate's loop)")
     floors = {(r["case"], r["threads"]): r["bandwidth_gb_per_s"] for r in result["rows"]
               if "bandwidth_gb_per_s" in r}
     for (case, t), gb_per_s in floors.items():

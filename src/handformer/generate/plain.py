@@ -48,6 +48,7 @@ from handformer.config import ModelConfig
 from handformer.data.classification import DataWarning
 from handformer.masks import check_padding_mask
 from handformer.models.budget import Estimate, check_fits, generation_estimate
+from handformer.models.decoder_lm import DecoderLM
 from handformer.nn import decode_block
 from handformer.nn.kv_cache import DecoderCache
 
@@ -360,6 +361,7 @@ def generate(
     unchecked = {"validate": False} if _takes_validate(model) else {}
     checked: dict[str, Any] = {}  # the first call: validate as usual
     start, cached = 0, False  # window start; whether the cache holds [start, length - 1)
+    greedy = _greedy_kernel_may_serve(model, b, temperature, repetition_penalty)
     try:
         # The loop owns the model and cache between its own steps: the block kernel checks
         # the stack once, and again after on_token (the caller's code) ran.
@@ -374,27 +376,38 @@ def generate(
                     logits = model(tokens[:, new_start:length], real[:, new_start:length],
                                    cache=cache, **checked)[:, -1]  # (B, V)
                     cached = True
+                elif greedy and decode_block.greedy_token(model, tokens, length, cache):
+                    # The model's call and the argmax below as one C call, which wrote the
+                    # token at tokens[0, length]; the rest of the step only where it is used.
+                    length += 1
+                    if on_token is None and eos_id is None:
+                        continue
+                    nxt = tokens[:, length - 1].clone()  # (1,) a tensor of its own, as below
+                    if eos_id is not None:
+                        finished |= nxt == eos_id  # one row: once it ends, the loop stops
+                    logits = None
                 else:  # the last generated token, always real: no padding mask, no causal mask
                     logits = model(tokens[:, length - 1 : length], cache=cache,
                                    **checked)[:, -1]  # (B, V)
-                checked = unchecked
-                start = new_start
-                scored = logits
-                if repetition_penalty != 1.0:
-                    scored = apply_repetition_penalty(logits, tokens[:, start:length],
-                                                      real[:, start:length],
-                                                      repetition_penalty)  # (B, V)
-                try:
-                    nxt = sample_next(scored, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, generator=generator)  # (B,)
-                except NonFiniteLogitsError as err:
-                    raise _blame(err, logits, length - ids.shape[1], temperature,
-                                 repetition_penalty) from None
-                if eos_id is not None:
-                    nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
-                    finished |= nxt == eos_id
-                tokens[:, length] = nxt
-                length += 1
+                if logits is not None:
+                    checked = unchecked
+                    start = new_start
+                    scored = logits
+                    if repetition_penalty != 1.0:
+                        scored = apply_repetition_penalty(logits, tokens[:, start:length],
+                                                          real[:, start:length],
+                                                          repetition_penalty)  # (B, V)
+                    try:
+                        nxt = sample_next(scored, temperature=temperature, top_k=top_k,
+                                          top_p=top_p, generator=generator)  # (B,)
+                    except NonFiniteLogitsError as err:
+                        raise _blame(err, logits, length - ids.shape[1], temperature,
+                                     repetition_penalty) from None
+                    if eos_id is not None:
+                        nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)
+                        finished |= nxt == eos_id
+                    tokens[:, length] = nxt
+                    length += 1
                 stop = None
                 if on_token is not None:
                     stop = on_token(nxt)
@@ -405,6 +418,16 @@ def generate(
     finally:
         model.train(was_training)
     return tokens[:, :length]
+
+
+def _greedy_kernel_may_serve(model: nn.Module, batch_size: int, temperature: float,
+                             repetition_penalty: float) -> bool:
+    """Whether ``decode_block.greedy_token`` may stand in for a cached step's model call and
+    sampling: greedy decoding of one request, no penalty, a model whose call is
+    ``DecoderLM.forward`` (which runs such a token in the same C kernel; a subclass may
+    change what its call returns). The kernel checks the rest (hooks, weights, the cache)."""
+    return (temperature < GREEDY_TEMPERATURE and repetition_penalty == 1.0
+            and batch_size == 1 and type(model).forward is DecoderLM.forward)
 
 
 def _warn_if_cropped(padding_mask: Tensor | None, length: int, max_len: int) -> None:

@@ -263,17 +263,42 @@ struct hf_ends {
     struct hf_linear head;
 };
 
+/* Greedy decoding's choice from logits (V): the first index of the largest value, the one
+ * torch's argmax picks. Returns 0, or 1 where the logits cannot be sampled from — a NaN or
+ * +inf anywhere, or no finite value (-inf everywhere) — leaving *id untouched: the caller's
+ * sampling then names the fault. */
+static int greedy_id(const float *logits, int64_t v, int64_t *id) {
+    float best = -INFINITY;
+    int64_t at = -1; /* stays -1 while every value is -inf */
+    int bad = 0;
+    for (int64_t i = 0; i < v; i++) {
+        float a = logits[i];
+        bad |= isnan(a) || a == INFINITY;
+        if (a > best) {
+            best = a;
+            at = i;
+        }
+    }
+    if (bad || at < 0) return 1;
+    *id = at;
+    return 0;
+}
+
 /* A whole decoding token in one call: the token's row of the table (plus its position's
  * row, one float add, as the embedding module does), the stack, the final norm and the head
  * → logits (V). After the stack, the Python that ran the embedding, the norm and the head
  * ran with caches the weights had just streamed through; here they are a few loops over C
  * floats. `work` holds 5·C floats: the stack's 2·C, the token's input and output (C each)
- * and the head's input grid (C int16). Returns 0; -2 where the id or the position lies
- * outside its table (nothing is read or written: the modules' path raises the error); -1
- * where a block's scratch cannot be allocated. */
+ * and the head's input grid (C int16). With `next_id` (else NULL), greedy decoding's next
+ * token is written there too (greedy_id), so that no tensor op runs between tokens.
+ * Returns 0; -2 where the id or the position lies outside its table (nothing is read or
+ * written: the modules' path raises the error); -1 where a block's scratch cannot be
+ * allocated; 1 where `next_id` was asked for and the logits cannot be sampled from (they
+ * and the cache column are written, `next_id` is not). */
 int hf_decode_token(int isa, int64_t n, const struct hf_block *const *blocks,
                     float *const *kvs, const int64_t *caps, int64_t t, const int64_t *id,
-                    int64_t position, const struct hf_ends *e, float *work, float *logits) {
+                    int64_t position, const struct hf_ends *e, float *work, float *logits,
+                    int64_t *next_id) {
     int64_t c = blocks[0]->d_model, row = *id;
     if (row < 0 || row >= e->n_tokens
         || (e->positions != NULL && (position < 0 || position >= e->n_positions)))
@@ -290,5 +315,5 @@ int hf_decode_token(int isa, int64_t n, const struct hf_block *const *blocks,
     if (hf_decode_stack(isa, n, blocks, kvs, caps, t, x, work, y) != 0) return -1;
     norm_row(isa, e->norm_type, c, e->eps, y, e->norm_w, e->norm_b, x);
     product(isa, &e->head, x, xq, logits);
-    return 0;
+    return next_id == NULL ? 0 : greedy_id(logits, e->head.n, next_id);
 }

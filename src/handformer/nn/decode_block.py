@@ -49,13 +49,13 @@ from torch import Tensor, nn
 
 from handformer.nn.attention import MultiHeadAttention
 from handformer.nn.feedforward import ACTIVATIONS, FeedForward
-from handformer.nn.kv_cache import KVCache
+from handformer.nn.kv_cache import DecoderCache, KVCache
 from handformer.nn.native_build import NativeLibrary
 from handformer.nn.norm import RMSNorm
 from handformer.nn.quantized import Int8Linear
 
-__all__ = ["StackHold", "block_step_status", "checks_held", "disabled", "stack_step",
-           "step", "token_step"]
+__all__ = ["StackHold", "block_step_status", "checks_held", "disabled", "greedy_token",
+           "stack_step", "step", "token_step"]
 
 _ATEN_CAP = {"DEFAULT": 0, "AVX2": 1, "AVX512": 3}  # int8_kernel.c's ISA_* values
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -90,7 +90,7 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.hf_decode_token.restype = ctypes.c_int
     lib.hf_decode_token.argtypes = [ctypes.c_int, _I64, ctypes.POINTER(ctypes.POINTER(_Block)),
                                     ctypes.POINTER(_P), ctypes.POINTER(_I64), _I64, _P, _I64,
-                                    ctypes.POINTER(_Ends), _P, _P]
+                                    ctypes.POINTER(_Ends), _P, _P, _P]
 
 
 _LIB = NativeLibrary("decode_block.c", "hf_block_best_isa", _ATEN_CAP, _bind,
@@ -336,7 +336,7 @@ class StackHold:
     call checks everything again (call it whenever code other than the loop's own ran)."""
 
     def __init__(self) -> None:
-        self.stacks: dict[tuple[int, int], _Stack | _Token] = {}
+        self.stacks: dict[tuple[int, int], _Stack | _Token | _Greedy | _Declined] = {}
 
     def forget(self) -> None:
         self.stacks.clear()
@@ -375,7 +375,7 @@ def _held(key: tuple[int, int]) -> object | None:
     return holds[-1].stacks.get(key)
 
 
-def _hold(key: tuple[int, int], kept: _Stack | _Token) -> None:
+def _hold(key: tuple[int, int], kept: _Stack | _Token | _Greedy | _Declined) -> None:
     """Keep ``kept`` in this thread's innermost hold, if one is open."""
     holds = getattr(_HOLDS, "open", None)
     if holds:
@@ -450,7 +450,7 @@ class _Token:
         logits = torch.empty(1, 1, self.vocab)
         code = s.lib.hf_decode_token(_LIB.default, len(s.blocks), s.structs, s.kvs, s.caps,
                                      start, ids.data_ptr(), start, ctypes.byref(self.ends),
-                                     self.work.data_ptr(), logits.data_ptr())
+                                     self.work.data_ptr(), logits.data_ptr(), None)
         if code == -1:
             raise _no_scratch(start)
         return logits if code == 0 else None
@@ -506,6 +506,16 @@ def token_step(model: nn.Module, ids: Tensor, caches: Sequence[object],
     if (type(held) is _Token and held.model is model and held.stack.caches is caches
             and 0 <= start < held.stack.capacity):
         return held.run(ids, start)
+    token = _token(model, caches, start)
+    if token is None:
+        return None
+    _hold(key, token)
+    return token.run(ids, start)
+
+
+def _token(model: nn.Module, caches: Sequence[object], start: int) -> _Token | None:
+    """The model's token kernel arguments where it serves the model (see ``token_step``),
+    else None."""
     if model.training or not _kernel_on():
         return None
     ends = _ends(model)
@@ -514,6 +524,94 @@ def token_step(model: nn.Module, ids: Tensor, caches: Sequence[object],
         blocks, ends[3], caches, start)
     if ends is None or stack is None:
         return None
-    token = _Token(model, stack, ends[0], ends[1], ends[2], ends[3])
-    _hold(key, token)
-    return token.run(ids, start)
+    return _Token(model, stack, ends[0], ends[1], ends[2], ends[3])
+
+
+class _Greedy:
+    """Greedy decoding's token (``greedy_token``) for one model, cache and token buffer: the
+    token kernel's arguments with every pointer but the column's made once, so that a token
+    costs one C call and a few integer operations."""
+
+    __slots__ = ("args", "base", "cache", "capacity", "columns", "fn", "logits", "model",
+                 "read", "token", "tokens", "where")
+
+    def __init__(self, token: _Token, cache: DecoderCache, tokens: Tensor) -> None:
+        s = token.stack
+        self.token, self.model, self.cache, self.tokens = token, token.model, cache, tokens
+        self.logits = torch.empty(token.vocab)  # (V,) overwritten by every token
+        self.fn = s.lib.hf_decode_token
+        self.args = (_LIB.default, len(s.blocks), s.structs, s.kvs, s.caps)
+        self.where = (ctypes.byref(token.ends), token.work.data_ptr(), self.logits.data_ptr())
+        self.capacity, self.columns = s.capacity, tokens.shape[1]
+        self.base = tokens.data_ptr()  # the buffer is held (keep_memory) and never resized
+        self.read: list[torch.UntypedStorage] = []
+
+    def keep_memory(self) -> None:
+        """As ``_Token.keep_memory``, and the token buffer the call reads and writes."""
+        self.token.keep_memory()
+        self.read = [self.tokens.untyped_storage()]
+
+    def run(self, length: int) -> bool:
+        cache = self.cache
+        start = cache.length
+        if not (0 < length < self.columns and 0 <= start < self.capacity) or cache.has_padding:
+            return False
+        at = self.base + 8 * length  # tokens[0, length]: int64, contiguous
+        code = self.fn(*self.args, start, at - 8, start, *self.where, at)
+        if code == -1:
+            raise _no_scratch(start)
+        if code != 0:  # the id outside its table, or logits that cannot be sampled from
+            return False
+        cache.add_decoded_token()
+        return True
+
+
+def greedy_token(model: nn.Module, tokens: Tensor, length: int, cache: object) -> bool:
+    """Greedy decoding's next token as one C call: the token ``tokens[0, length - 1]`` run
+    as ``token_step`` runs it (keys and values at column ``cache.length``, which the cache
+    then counts), and the first index of its logits' largest value — torch's argmax —
+    written at ``tokens[0, length]``. No tensor op runs: between tokens each one would run
+    with caches the weights just streamed through. ``tokens`` (1, N) int64, contiguous, on
+    the CPU; ``cache`` the model's ``DecoderCache`` without padding.
+
+    True when done. False where ``token_step`` would decline, or the logits hold a NaN or
+    +inf or no finite value: nothing is counted or written in ``tokens`` (the cache's column
+    past its filled length may be), and the caller runs the model and samples, which name
+    the fault. Inside ``checks_held`` the model is checked once, as ``token_step`` checks it.
+    """
+    if type(cache) is not DecoderCache:
+        return False
+    caches = cache.layers
+    key = (id(tokens), id(caches))
+    held = _held(key)
+    if (type(held) is _Greedy and held.tokens is tokens and held.model is model
+            and held.cache is cache):
+        return held.run(length)
+    if type(held) is _Declined and held.model is model:
+        return False
+    if cache.has_padding or not 0 <= cache.length < cache.capacity:
+        return False  # this call only: the modules' path
+    if (tokens.dtype != torch.int64 or tokens.dim() != 2 or tokens.shape[0] != 1
+            or not tokens.is_cpu or not tokens.is_contiguous() or _watched(model)):
+        _hold(key, _Declined(model))
+        return False
+    token = _token(model, caches, cache.length)
+    if token is None:  # not a model the kernel serves: not checked again while held
+        _hold(key, _Declined(model))
+        return False
+    greedy = _Greedy(token, cache, tokens)
+    _hold(key, greedy)
+    return greedy.run(length)
+
+
+class _Declined:
+    """A model ``greedy_token`` found the kernel does not serve, held so that a loop's later
+    tokens do not pay the checks again (each runs the modules' path)."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def keep_memory(self) -> None:
+        """Nothing is read from it."""
