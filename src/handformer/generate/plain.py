@@ -7,7 +7,10 @@
   ``forward(new_ids, cache=cache)`` — there is no separate decoding copy of the layers — with
   the per-call input checks off (``validate=False``) for the tokens sampled here; the prompt
   is checked once, on the first call. Cached and uncached generation follow the same context
-  window and give the same tokens.
+  window and give the same tokens. Greedy decoding of one request whose int8 model the
+  token kernel serves (``nn.decode_block``) runs that call and the argmax as one C call
+  (``greedy_token``): the same computation and the same tokens, without the tensor ops
+  between tokens, which run with cold caches after the weights' stream.
 * The window: a model is run on at most ``max_len`` tokens. When the context outgrows it,
   the window slides forward by half its length and the cache is refilled from the kept
   tokens — one refill every ``max_len / 2`` steps instead of one per step.

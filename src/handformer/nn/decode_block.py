@@ -25,8 +25,11 @@ then called one by one, each asking ``step``). ``token_step`` runs a whole token
 ``DecoderLM`` as one C call — the embedding's rows, the stack, the final norm and the head —
 so that the Python around the stack, which ran cold after the weights' stream too, is not
 run at all (``DecoderLM.forward`` asks it first for one real token of one request; it
-declines to the stack where the model's ends are not ones it knows or are watched). Every
-call checks all of that again, which
+declines to the stack where the model's ends are not ones it knows or are watched).
+``greedy_token`` is that call for greedy decoding (``generate`` asks it first for one
+request): it also writes the logits' argmax into the caller's token buffer and reads the
+next call's id from there, so that between tokens no tensor op and no module call runs —
+each would run cold, as the ends' Python did. Every call checks all of that again, which
 touches every module and tensor of every block — cold, since the weights' stream has just
 pushed them out of the caches — unless the caller's loop holds the checks
 (``checks_held``: ``generate`` does, and lets go after each ``on_token``). ``disabled()``
